@@ -1,0 +1,13 @@
+"""BP on CIFAR-10 resnet110, the FDG paper's recipe (300 epochs, 3-epoch warm-up at lr 0.01).
+
+python main.py --config=configs/bp_resnet110.py --config.data.path=cifar10.npz
+
+Paper: BP rerun 5.79%.
+Data: an .npz with x_train, y_train, x_test, y_test (or the JPEG-compressed CIFAR-10 copy), or
+tensorflow-datasets when it can download or has the data prepared.
+"""
+from jaxdecouple.recipes import fdg_paper
+
+
+def get_config():
+  return fdg_paper('bp', 'resnet110', 'cifar10', num_stages=1, beta=1.0, warmup=True)

@@ -1,0 +1,155 @@
+"""The configuration schema: every field, its default, and the checks run before any compute.
+
+``get_default_config()`` is the single source of the fields (``configs/default.py`` returns it);
+experiment files override it. ``validate(config)`` rejects unknown fields, wrong types and bad values
+with one :class:`ConfigError` line naming the field and what is allowed.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import ml_collections
+
+from jaxdecouple.errors import ConfigError
+
+
+def get_default_config() -> ml_collections.ConfigDict:
+  """BP on CIFAR-10 ResNet-56 with the FDG paper's recipe (300 epochs, decays at 150/225/275)."""
+  c = ml_collections.ConfigDict()
+  c.method = 'bp'              # see jaxdecouple.methods.METHODS
+  c.model = 'resnet56'         # see jaxdecouple.models.MODEL_HELP
+  c.dataset = 'cifar10'        # cifar10, cifar100, fashion_mnist
+  c.seed = 0
+  c.batch_size = 128
+  c.num_epochs = 300
+  c.max_steps = 0              # > 0: stop after this many steps (short runs, tests)
+  c.eval_every_epochs = 1      # test loss/accuracy after every N epochs and at the end
+  c.eval_batch_size = 1000
+  c.log_every_steps = 100      # training metrics are fetched from the device this often
+  c.checkpoint_every_steps = 1000  # 0: only at the end
+  c.keep_checkpoints = 2
+  c.cpu_devices = 0            # > 0: split the host CPU into this many JAX devices (before JAX starts)
+
+  c.data = ml_collections.ConfigDict()
+  c.data.source = 'auto'       # auto, idx, npz, tfds, synthetic (tests only)
+  c.data.path = ''             # .npz with x_train, y_train, x_test, y_test (or the JPEG CIFAR-10 copy)
+  c.data.idx_dir = ''          # Fashion-MNIST IDX files; '' = /usr/share/datasets/fashion-mnist
+  c.data.tfds_data_dir = ''
+  c.data.tfds_download = True
+  c.data.augment = True        # random crop (zero padding) + horizontal flip
+  c.data.crop_padding = 4
+  c.data.flip = True
+  c.data.normalization = 'default'  # 'adl': the ADL code's CIFAR-10 std
+  c.data.synthetic_train_size = 512
+  c.data.synthetic_test_size = 256
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.learning_rate = 0.1
+  c.optim.momentum = 0.9
+  c.optim.weight_decay = 5e-4
+  c.optim.nesterov = False
+  c.optim.milestones = (150, 225, 275)  # epochs at which lr *= decay_factor
+  c.optim.decay_factor = 0.1
+  c.optim.warmup = 'none'      # none; constant (warmup_lr for warmup_epochs); linear (ADL)
+  c.optim.warmup_epochs = 0.0
+  c.optim.warmup_lr = 0.01
+  c.optim.warmup_factor = 0.01  # linear warm-up starts at warmup_factor * learning_rate
+
+  c.pipeline = ml_collections.ConfigDict()  # depth-wise methods (fdg, ...)
+  c.pipeline.num_stages = 2    # K
+  c.pipeline.beta = 1.0        # gradient shrinking; 1 = none
+  c.pipeline.split = 'auto'    # auto (reference, else balanced), reference, balanced, or 's2b4,s3b0'
+  c.pipeline.keep = 'vjp'      # vjp (saved forward) or recompute (input + params; less memory)
+  c.pipeline.num_devices = 0   # 0: one device per stage (as many as present); stages then share
+  return c
+
+
+def _fail(field: str, message: str):
+  raise ConfigError(f'config.{field}: {message}')
+
+
+def _check_types(config, default, prefix: str = ''):
+  for key in config.keys():
+    field = prefix + key
+    if key not in default:
+      allowed = ', '.join(sorted(default.keys()))
+      _fail(field, f'unknown field; fields here are: {allowed}')
+    value, want = config[key], default[key]
+    if isinstance(want, ml_collections.ConfigDict):
+      if not isinstance(value, (ml_collections.ConfigDict, dict)):
+        _fail(field, f'must be a group of fields, got {type(value).__name__}')
+      _check_types(value, want, field + '.')
+    elif isinstance(want, bool):
+      if not isinstance(value, bool):
+        _fail(field, f'must be true or false, got {value!r}')
+    elif isinstance(want, int):
+      if isinstance(value, bool) or not isinstance(value, int):
+        _fail(field, f'must be an integer, got {value!r}')
+    elif isinstance(want, float):
+      if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _fail(field, f'must be a number, got {value!r}')
+      if not math.isfinite(value):
+        _fail(field, f'must be finite, got {value!r}')
+    elif isinstance(want, str):
+      if not isinstance(value, str):
+        _fail(field, f'must be a string, got {value!r}')
+    elif isinstance(want, (tuple, list)):
+      if not isinstance(value, (tuple, list)) or not all(
+          isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        _fail(field, f'must be a list of numbers, got {value!r}')
+
+
+def _choice(config, field: str, allowed):
+  value = _get(config, field)
+  if value not in allowed:
+    _fail(field, f'{value!r} is not allowed; choose one of: {", ".join(map(str, allowed))}')
+
+
+def _get(config, field: str) -> Any:
+  for part in field.split('.'):
+    config = config[part]
+  return config
+
+
+def _positive(config, field: str, allow_zero: bool = False):
+  value = _get(config, field)
+  if value < 0 or (value == 0 and not allow_zero):
+    _fail(field, f'must be {"non-negative" if allow_zero else "positive"}, got {value!r}')
+
+
+def validate(config) -> None:
+  """Checks every field; raises ConfigError with one line naming the field and what is allowed."""
+  from jaxdecouple import data, methods, models  # the registries
+
+  _check_types(config, get_default_config())
+  _choice(config, 'method', sorted(methods.METHODS))
+  if not models.is_valid_model_name(config.model):
+    _fail('model', f'unknown model {config.model!r}; allowed: {models.MODEL_HELP}')
+  _choice(config, 'dataset', sorted(data.DATASETS))
+  _choice(config, 'data.source', data.SOURCES)
+  _choice(config, 'data.normalization', ('default', 'adl'))
+  _choice(config, 'optim.warmup', ('none', 'constant', 'linear'))
+  for field in ('batch_size', 'num_epochs', 'eval_every_epochs', 'eval_batch_size', 'log_every_steps',
+                'keep_checkpoints', 'optim.learning_rate', 'data.synthetic_train_size',
+                'data.synthetic_test_size'):
+    _positive(config, field)
+  for field in ('max_steps', 'checkpoint_every_steps', 'cpu_devices', 'seed', 'optim.weight_decay',
+                'optim.warmup_epochs', 'data.crop_padding'):
+    _positive(config, field, allow_zero=True)
+  if not 0 <= config.optim.momentum < 1:
+    _fail('optim.momentum', f'must be in [0, 1), got {config.optim.momentum!r}')
+  if not 0 < config.optim.decay_factor <= 1:
+    _fail('optim.decay_factor', f'must be in (0, 1], got {config.optim.decay_factor!r}')
+  if config.optim.warmup != 'none' and config.optim.warmup_epochs <= 0:
+    _fail('optim.warmup_epochs', f'must be positive when optim.warmup={config.optim.warmup!r}')
+  if config.optim.warmup == 'constant':
+    _positive(config, 'optim.warmup_lr')
+  if config.optim.warmup == 'linear' and not 0 < config.optim.warmup_factor <= 1:
+    _fail('optim.warmup_factor', f'must be in (0, 1], got {config.optim.warmup_factor!r}')
+  milestones = list(config.optim.milestones)
+  if any(m < 0 for m in milestones) or milestones != sorted(milestones):
+    _fail('optim.milestones', f'must be non-negative epochs in increasing order, got {milestones}')
+  if config.data.source == 'npz' and not config.data.path:
+    _fail('data.path', "is required when data.source='npz' (a .npz with x_train, y_train, x_test, y_test)")
+  methods.METHODS[config.method].validate(config)

@@ -1,0 +1,86 @@
+"""Training order and on-device preprocessing.
+
+The order of epoch e is a permutation drawn from (seed, e) and batch i of an epoch is a contiguous
+slice of it (the last incomplete batch is dropped), so the batch of any global step can be rebuilt
+without replaying the run. Augmentation (random crop with zero padding, horizontal flip) and
+normalisation run inside the jitted step, keyed by (seed, step).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class Batch(NamedTuple):
+  images: np.ndarray | jax.Array  # uint8 [B, H, W, C]
+  labels: np.ndarray | jax.Array  # int32 [B]
+
+
+class Preprocess(NamedTuple):
+  """Static description of the on-device preprocessing (hashable, so it can key a jit)."""
+  mean: tuple[float, ...]
+  std: tuple[float, ...]
+  crop_padding: int = 4
+  flip: bool = True
+  augment: bool = True
+
+
+class TrainOrder:
+  """Maps a global step to the indices of its training examples."""
+
+  def __init__(self, num_examples: int, batch_size: int, seed: int, stream: int = 0):
+    if batch_size > num_examples:
+      raise ValueError(f'batch size {batch_size} exceeds the {num_examples} training examples')
+    self.num_examples = num_examples
+    self.batch_size = batch_size
+    self.seed = seed
+    self.stream = stream  # e.g. a worker index: its own shuffle of the same data
+    self.steps_per_epoch = num_examples // batch_size
+    self._cached: tuple[int, np.ndarray] | None = None
+
+  def permutation(self, epoch: int) -> np.ndarray:
+    if self._cached is None or self._cached[0] != epoch:
+      rng = np.random.default_rng([self.seed, self.stream, epoch])
+      self._cached = (epoch, rng.permutation(self.num_examples))
+    return self._cached[1]
+
+  def indices(self, step: int) -> np.ndarray:
+    epoch, i = divmod(step, self.steps_per_epoch)
+    return self.permutation(epoch)[i * self.batch_size:(i + 1) * self.batch_size]
+
+  def batch(self, x: np.ndarray, y: np.ndarray, step: int) -> Batch:
+    idx = self.indices(step)
+    return Batch(x[idx], y[idx])
+
+
+def normalize(images: jax.Array, pre: Preprocess) -> jax.Array:
+  x = images.astype(jnp.float32) / 255.0
+  return (x - jnp.asarray(pre.mean, jnp.float32)) / jnp.asarray(pre.std, jnp.float32)
+
+
+def augment(rng: jax.Array, images: jax.Array, pre: Preprocess) -> jax.Array:
+  """Random crop from the zero-padded image and random horizontal flip, on uint8 pixels."""
+  if not pre.augment:
+    return images
+  n, h, w, _ = images.shape
+  if pre.crop_padding:
+    p = pre.crop_padding
+    padded = jnp.pad(images, ((0, 0), (p, p), (p, p), (0, 0)))
+    crop_rng, rng = jax.random.split(rng)
+    offsets = jax.random.randint(crop_rng, (n, 2), 0, 2 * p + 1)
+    crop = lambda img, o: jax.lax.dynamic_slice(img, (o[0], o[1], 0), (h, w, img.shape[-1]))
+    images = jax.vmap(crop)(padded, offsets)
+  if pre.flip:
+    flips = jax.random.bernoulli(rng, 0.5, (n, 1, 1, 1))
+    images = jnp.where(flips, images[:, :, ::-1, :], images)
+  return images
+
+
+def train_inputs(images: jax.Array, step: jax.Array, seed: int, pre: Preprocess) -> jax.Array:
+  """Augmented, normalised float32 inputs of one training step (call inside jit)."""
+  rng = jax.random.fold_in(jax.random.key(seed), step)
+  return normalize(augment(rng, images, pre), pre)
+

@@ -1,0 +1,228 @@
+"""Where data sets come from: IDX files, a local .npz, tensorflow-datasets, or synthetic arrays.
+
+Every source returns a :class:`Dataset` of uint8 images ``[N, H, W, C]`` and int32 labels held in
+host memory. ``load_dataset`` tries the sources in a clear order and, when none has the data, raises
+one :class:`DataError` that lists what was tried and how to provide it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io
+import os
+import struct
+
+import numpy as np
+
+from jaxdecouple.errors import DataError
+
+DEFAULT_IDX_DIR = '/usr/share/datasets/fashion-mnist'
+
+# name -> (classes, image shape, per-channel mean, per-channel std, tfds name)
+DATASETS = {
+    'cifar10': (10, (32, 32, 3), (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010), 'cifar10'),
+    'cifar100': (100, (32, 32, 3), (0.507, 0.487, 0.441), (0.267, 0.256, 0.276), 'cifar100'),
+    'fashion_mnist': (10, (28, 28, 1), (0.2860,), (0.3530,), 'fashion_mnist'),
+}
+# The ADL code's CIFAR-10 std, selectable with data.normalization='adl'.
+ADL_CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+SOURCES = ('auto', 'idx', 'npz', 'tfds', 'synthetic')
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  name: str
+  x_train: np.ndarray
+  y_train: np.ndarray
+  x_test: np.ndarray
+  y_test: np.ndarray
+  num_classes: int
+  mean: tuple[float, ...]
+  std: tuple[float, ...]
+  source: str
+
+  @property
+  def image_shape(self) -> tuple[int, int, int]:
+    return tuple(self.x_train.shape[1:])
+
+
+def _check_arrays(name: str, where: str, x_train, y_train, x_test, y_test) -> tuple[np.ndarray, ...]:
+  """Validates shapes, dtypes and label range against the data set's definition."""
+  classes, shape, *_ = DATASETS[name]
+  out = []
+  for split, x, y in (('train', x_train, y_train), ('test', x_test, y_test)):
+    x, y = np.asarray(x), np.asarray(y).reshape(-1)
+    if x.ndim == 3:
+      x = x[..., None]
+    if x.ndim != 4 or tuple(x.shape[1:]) != shape:
+      raise DataError(f'{where}: x_{split} has shape {x.shape}, expected [N, {", ".join(map(str, shape))}] '
+                      f'for {name}; check that the file holds {name}')
+    if x.dtype != np.uint8:
+      raise DataError(f'{where}: x_{split} has dtype {x.dtype}, expected uint8 pixels 0..255')
+    if len(x) != len(y) or len(x) == 0:
+      raise DataError(f'{where}: x_{split} has {len(x)} images but y_{split} has {len(y)} labels')
+    if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= classes:
+      raise DataError(f'{where}: y_{split} must hold integer labels in 0..{classes - 1}, '
+                      f'found range {y.min()}..{y.max()} ({y.dtype})')
+    out += [np.ascontiguousarray(x), y.astype(np.int32)]
+  return tuple(out)
+
+
+def _dataset(name: str, source: str, arrays, normalization: str = 'default') -> Dataset:
+  classes, _, mean, std, _ = DATASETS[name]
+  if normalization == 'adl' and name == 'cifar10':
+    std = ADL_CIFAR10_STD
+  return Dataset(name, *arrays, num_classes=classes, mean=mean, std=std, source=source)
+
+
+def _read_idx(path: str) -> np.ndarray:
+  with gzip.open(path, 'rb') if path.endswith('.gz') else open(path, 'rb') as f:
+    data = f.read()
+  if len(data) < 4:
+    raise DataError(f'{path} is empty or truncated; reinstall it (apt-get install --reinstall '
+                    'dataset-fashion-mnist)')
+  zero, dtype_code, ndim = struct.unpack('>HBB', data[:4])
+  if zero != 0 or dtype_code != 0x08:
+    raise DataError(f'{path} is not an IDX file of unsigned bytes')
+  dims = struct.unpack(f'>{ndim}I', data[4:4 + 4 * ndim])
+  body = np.frombuffer(data, np.uint8, offset=4 + 4 * ndim)
+  if body.size != int(np.prod(dims)):
+    raise DataError(f'{path} is truncated: {body.size} bytes of data for shape {dims}; reinstall it')
+  return body.reshape(dims)
+
+
+def load_idx(name: str, directory: str) -> tuple[np.ndarray, ...]:
+  """Fashion-MNIST's four IDX files, as the Debian package dataset-fashion-mnist installs them."""
+  if name != 'fashion_mnist':
+    raise FileNotFoundError(f'IDX files exist only for fashion_mnist, not {name}')
+  files = ['train-images-idx3-ubyte', 'train-labels-idx1-ubyte', 't10k-images-idx3-ubyte',
+           't10k-labels-idx1-ubyte']
+  paths = []
+  for f in files:
+    for candidate in (os.path.join(directory, f + '.gz'), os.path.join(directory, f)):
+      if os.path.exists(candidate):
+        paths.append(candidate)
+        break
+    else:
+      raise FileNotFoundError(f'{os.path.join(directory, f)}.gz not found')
+  x_train, y_train, x_test, y_test = (_read_idx(p) for p in paths)
+  return _check_arrays(name, directory, x_train, y_train, x_test, y_test)
+
+
+def _decode_jpegs(blob: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+  from PIL import Image  # pillow is a dependency; imported here because only this path needs it
+  raw = blob.tobytes()
+  return np.stack([np.asarray(Image.open(io.BytesIO(raw[a:b])).convert('RGB'))
+                   for a, b in zip(offsets[:-1], offsets[1:])])
+
+
+def load_npz(name: str, path: str) -> tuple[np.ndarray, ...]:
+  """A local .npz with x_train, y_train, x_test, y_test (uint8 images, integer labels).
+
+  The JPEG-compressed CIFAR-10 copy (train_jpeg, train_offsets, train_labels, ...) is decoded
+  directly, so it can be used without converting it first.
+  """
+  if not path:
+    raise FileNotFoundError('no path given (set data.path)')
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'{path} does not exist')
+  try:
+    with np.load(path, allow_pickle=False) as z:
+      keys = set(z.files)
+      if {'train_jpeg', 'train_offsets', 'train_labels', 'test_jpeg', 'test_offsets',
+          'test_labels'} <= keys:
+        arrays = (_decode_jpegs(z['train_jpeg'], z['train_offsets']), z['train_labels'],
+                  _decode_jpegs(z['test_jpeg'], z['test_offsets']), z['test_labels'])
+      else:
+        missing = {'x_train', 'y_train', 'x_test', 'y_test'} - keys
+        if missing:
+          raise DataError(f'{path} lacks arrays {sorted(missing)} (it has {sorted(keys)}); '
+                          'it needs x_train, y_train, x_test, y_test')
+        arrays = (z['x_train'], z['y_train'], z['x_test'], z['y_test'])
+  except DataError:
+    raise
+  except Exception as e:  # zipfile.BadZipFile, ValueError, OSError, ... from a damaged file
+    raise DataError(f'{path} cannot be read as .npz ({type(e).__name__}: {e}); '
+                    're-create or re-download it') from e
+  return _check_arrays(name, path, *arrays)
+
+
+def load_tfds(name: str, data_dir: str | None, download: bool) -> tuple[np.ndarray, ...]:
+  """tensorflow-datasets: prepared data in data_dir, or downloaded and prepared when allowed."""
+  import tensorflow_datasets as tfds  # optional: only this source needs it
+  tfds_name = DATASETS[name][4]
+  builder = tfds.builder(tfds_name, data_dir=data_dir or None)
+  if download:
+    builder.download_and_prepare()
+  arrays = []
+  for split in ('train', 'test'):
+    try:  # random-access data source: needs no TensorFlow (array_record files)
+      source = builder.as_data_source(split=split)
+      images = np.stack([source[i]['image'] for i in range(len(source))])
+      labels = np.asarray([source[i]['label'] for i in range(len(source))])
+    except Exception:  # tfrecord files: read them whole through TensorFlow
+      whole = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))
+      images, labels = whole['image'], whole['label']
+    arrays += [images, labels]
+  return _check_arrays(name, f'tfds:{tfds_name}', *arrays)
+
+
+def synthetic(name: str, num_train: int, num_test: int, seed: int = 0) -> tuple[np.ndarray, ...]:
+  """Learnable random data of the data set's shape, for tests only: each class has its own colour
+  (so crops and flips keep it recognisable) and every pixel is that colour plus noise."""
+  classes, shape, *_ = DATASETS[name]
+  rng = np.random.default_rng(seed)
+  prototypes = np.broadcast_to(rng.integers(40, 216, size=(classes, 1, 1, shape[-1])), (classes, *shape))
+  out = []
+  for n in (num_train, num_test):
+    y = rng.integers(0, classes, size=n)
+    x = np.clip(prototypes[y] + rng.normal(0, 40, size=(n, *shape)), 0, 255).astype(np.uint8)
+    out += [x, y.astype(np.int32)]
+  return tuple(out)
+
+
+def load_dataset(data_config, name: str) -> Dataset:
+  """Loads ``name`` from the configured source, or tries them in order when source is 'auto'.
+
+  Order for 'auto': IDX files (fashion_mnist only), the .npz at data.path (when given), then
+  tensorflow-datasets. Synthetic data is used only when asked for explicitly.
+  """
+  if name not in DATASETS:
+    raise DataError(f'unknown dataset {name!r}; allowed: {", ".join(DATASETS)}')
+  source = data_config.source
+  norm = data_config.normalization
+  if source == 'synthetic':
+    arrays = synthetic(name, data_config.synthetic_train_size, data_config.synthetic_test_size)
+    return _dataset(name, 'synthetic', arrays, norm)
+
+  idx_dir = data_config.idx_dir or DEFAULT_IDX_DIR
+  attempts = {
+      'idx': lambda: load_idx(name, idx_dir),
+      'npz': lambda: load_npz(name, data_config.path),
+      'tfds': lambda: load_tfds(name, data_config.tfds_data_dir, data_config.tfds_download),
+  }
+  if source == 'auto':
+    order = (['idx'] if name == 'fashion_mnist' else []) + (['npz'] if data_config.path else []) + ['tfds']
+  else:
+    order = [source]
+  tried = []
+  for s in order:
+    try:
+      return _dataset(name, s, attempts[s](), norm)
+    except DataError:
+      raise  # the data was found but is malformed: say so rather than silently trying elsewhere
+    except Exception as e:  # not found / not installed / no network: try the next source
+      tried.append(f'{s}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'.rstrip(': '))
+  raise DataError(f'no source could provide {name} (tried {"; ".join(tried)}). ' + _how_to_provide(name))
+
+
+def _how_to_provide(name: str) -> str:
+  npz = ('or save x_train, y_train, x_test, y_test (uint8 images, integer labels) in an .npz and pass '
+         '--config.data.path=FILE.npz')
+  if name == 'fashion_mnist':
+    return ('Install the IDX files with `apt-get install dataset-fashion-mnist` (or point '
+            '--config.data.idx_dir at a folder holding them), ' + npz + ', or let tensorflow-datasets '
+            'download it (needs internet).')
+  return ('Pass --config.data.path=FILE.npz (x_train, y_train, x_test, y_test, or the JPEG-compressed '
+          'CIFAR-10 copy), or prepare it with tensorflow-datasets (online: it downloads; offline: set '
+          '--config.data.tfds_data_dir to prepared data).')

@@ -1,0 +1,17 @@
+"""Errors that stop a run with one clear line: what is wrong and how to fix it."""
+
+
+class JaxDecoupleError(Exception):
+  """Base class: main.py prints these as one line and exits with status 2."""
+
+
+class ConfigError(JaxDecoupleError, ValueError):
+  """A config field is unknown, has the wrong type or an invalid value."""
+
+
+class DataError(JaxDecoupleError):
+  """No source could provide the data set, or the data found is malformed."""
+
+
+class CheckpointError(JaxDecoupleError):
+  """No checkpoint in the work directory can be restored for this config."""

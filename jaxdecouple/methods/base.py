@@ -1,0 +1,43 @@
+"""The one interface every training method implements; train.py knows nothing else about a method.
+
+A method's state is a pytree of arrays with a structure fixed at ``init`` (ring buffers pre-filled),
+so checkpoints can save and restore it as it is. The global step is kept by the training loop and
+passed to ``step`` as a host integer: methods may branch on it in Python (e.g. pipeline fill)
+without ever reading a value back from a device.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+import jax
+
+from jaxdecouple.common import Setup, classification_loss  # noqa: F401  (part of this interface)
+from jaxdecouple.data import Batch
+
+
+class Method(abc.ABC):
+  name: ClassVar[str]
+
+  def __init__(self, setup: Setup):
+    self.setup = setup
+
+  @classmethod
+  def validate(cls, config) -> None:
+    """Method-specific config checks; raise ConfigError. Runs before any compute."""
+
+  @abc.abstractmethod
+  def init(self, rng: jax.Array, example: Batch) -> Any:
+    """The initial state, placed on its devices."""
+
+  @abc.abstractmethod
+  def step(self, state: Any, batch: Batch, step: int) -> tuple[Any, dict[str, jax.Array]]:
+    """One training iteration. Metrics are device scalars (read back only every few steps)."""
+
+  @abc.abstractmethod
+  def eval_variables(self, state: Any) -> dict[str, Any]:
+    """The whole network as one Flax variable dict, for evaluation."""
+
+  def describe(self, state: Any) -> list[str]:
+    """Lines logged once at start (split, devices, delays, parameter counts...)."""
+    return []

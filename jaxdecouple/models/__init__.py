@@ -1,0 +1,49 @@
+"""Model registry: ``build_model(name, num_classes)``.
+
+Names: ``resnet{6n+2}`` (CIFAR ResNet-20/32/44/56/110, and resnet8 for quick runs), ``resnet18``,
+``wrn{6n+4}_{k}`` (wrn28_10), ``preact101`` (ResIST's [3, 4, 23, 3]), ``preact_s3_{n}`` (its deeper or
+shallower variants [3, 4, n, 3]) and ``preact_tiny`` ([1, 1, 6, 1], 8..64 channels, for tests and CPU studies).
+"""
+from __future__ import annotations
+
+import re
+
+from jaxdecouple.models.core import Chain, Model, count_params, merge, subset
+from jaxdecouple.models.resnet import cifar_resnet, preact_resnet, resnet18, wide_resnet
+
+MODEL_HELP = ('resnet{6n+2} (e.g. resnet20, resnet56, resnet110), resnet18, wrn{6n+4}_{k} (e.g. wrn28_10), '
+              'preact101, preact_s3_{n}, preact_tiny')
+
+
+def build_model(name: str, num_classes: int) -> Model:
+  """Builds a registered model; raises ValueError naming the allowed names."""
+  if m := re.fullmatch(r'resnet(\d+)', name):
+    depth = int(m.group(1))
+    if depth == 18:
+      return resnet18(num_classes)
+    if depth >= 8 and (depth - 2) % 6 == 0:
+      return cifar_resnet(depth, num_classes)
+  if m := re.fullmatch(r'wrn(\d+)_(\d+)', name):
+    depth, widen = int(m.group(1)), int(m.group(2))
+    if depth >= 10 and (depth - 4) % 6 == 0 and widen >= 1:
+      return wide_resnet(depth, widen, num_classes)
+  if name == 'preact101':
+    return preact_resnet([3, 4, 23, 3], num_classes, name=name)
+  if m := re.fullmatch(r'preact_s3_(\d+)', name):
+    if int(m.group(1)) >= 2:
+      return preact_resnet([3, 4, int(m.group(1)), 3], num_classes, name=name)
+  if name == 'preact_tiny':
+    return preact_resnet([1, 1, 6, 1], num_classes, widths=(8, 16, 32, 64), name=name)
+  raise ValueError(f'unknown model {name!r}; allowed: {MODEL_HELP}')
+
+
+def is_valid_model_name(name: str) -> bool:
+  try:
+    build_model(name, 10)
+  except ValueError:
+    return False
+  return True
+
+
+__all__ = ['Chain', 'Model', 'build_model', 'count_params', 'merge', 'subset', 'MODEL_HELP',
+           'is_valid_model_name']

@@ -1,0 +1,114 @@
+"""A model is an ordered chain of blocks that can be cut at any block boundary.
+
+Each block is its own Flax Linen module with its own variables, stored under the block's name:
+``{'params': {name: ...}, 'batch_stats': {name: ...}}``. A stage is a contiguous slice of the chain,
+so the variables of the whole model are exactly the union of its stages' variables and running the
+stages one after another is exactly running the whole model.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+Variables = dict[str, dict[str, Any]]
+COLLECTIONS = ('params', 'batch_stats')
+
+
+@dataclasses.dataclass(frozen=True)
+class Chain:
+  """An ordered tuple of named blocks; ``Chain.apply`` runs them in order."""
+  names: tuple[str, ...]
+  modules: tuple[nn.Module, ...]
+
+  def __post_init__(self):
+    if len(self.names) != len(self.modules) or not self.names:
+      raise ValueError('a chain needs one name per block and at least one block')
+    if len(set(self.names)) != len(self.names):
+      raise ValueError(f'block names must be unique, got {self.names}')
+
+  def __len__(self) -> int:
+    return len(self.names)
+
+  def init(self, rng: jax.Array, x: jax.Array) -> Variables:
+    """Initialises every block on the output shape of the previous one."""
+    variables: Variables = {c: {} for c in COLLECTIONS}
+    for i, (name, module) in enumerate(zip(self.names, self.modules)):
+      block_vars = module.init(jax.random.fold_in(rng, i), x, train=False)
+      for collection, value in block_vars.items():
+        variables.setdefault(collection, {})[name] = value
+      x = jax.eval_shape(lambda v, x: module.apply(v, x, train=False), block_vars, x)
+      x = jnp.zeros(x.shape, x.dtype)
+    return variables
+
+  def apply(self, variables: Mapping[str, Mapping[str, Any]], x: jax.Array,
+            train: bool) -> tuple[jax.Array, dict[str, Any]]:
+    """Runs the blocks in order. Returns the output and the new batch statistics.
+
+    In training mode BatchNorm uses the batch's statistics and updates the running ones;
+    in evaluation mode it uses the running statistics and the returned ones are unchanged.
+    """
+    new_stats = {}
+    for name, module in zip(self.names, self.modules):
+      block_vars = {c: v[name] for c, v in variables.items() if name in v}
+      if train and 'batch_stats' in block_vars:
+        x, updated = module.apply(block_vars, x, train=True, mutable=['batch_stats'])
+        new_stats[name] = updated['batch_stats']
+      else:
+        x = module.apply(block_vars, x, train=train)
+        if 'batch_stats' in block_vars:
+          new_stats[name] = block_vars['batch_stats']
+    return x, new_stats
+
+  def slice(self, start: int, stop: int) -> 'Chain':
+    return Chain(self.names[start:stop], self.modules[start:stop])
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """A named network: its chain of blocks plus what the rest of the library needs to know."""
+  name: str
+  chain: Chain
+  num_classes: int
+  # Block name -> (section index, index inside the section) for residual blocks; used by the
+  # reference stage splits ("S2[:4]") and by width-wise partitions.
+  sections: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+
+  @property
+  def block_names(self) -> tuple[str, ...]:
+    return self.chain.names
+
+  def init(self, rng: jax.Array, x: jax.Array) -> Variables:
+    return self.chain.init(rng, x)
+
+  def apply(self, variables, x, train: bool):
+    return self.chain.apply(variables, x, train)
+
+  def cut(self, boundaries: Sequence[int]) -> list[Chain]:
+    """Cuts the chain into stages; ``boundaries`` are the first block index of stages 1..K-1."""
+    edges = [0, *boundaries, len(self.chain)]
+    if any(b <= a for a, b in zip(edges, edges[1:])):
+      raise ValueError(f'stage boundaries must be strictly increasing inside (0, {len(self.chain)}), '
+                       f'got {list(boundaries)}')
+    return [self.chain.slice(a, b) for a, b in zip(edges, edges[1:])]
+
+
+def subset(variables: Mapping[str, Mapping[str, Any]], names: Sequence[str]) -> Variables:
+  """The variables of the named blocks only (a stage's share of the whole model)."""
+  return {c: {n: v[n] for n in names if n in v} for c, v in variables.items()}
+
+
+def merge(parts: Sequence[Mapping[str, Mapping[str, Any]]]) -> Variables:
+  """The union of several stages' variables: the whole model's variable dict."""
+  out: Variables = {c: {} for c in COLLECTIONS}
+  for part in parts:
+    for c, v in part.items():
+      out.setdefault(c, {}).update(v)
+  return out
+
+
+def count_params(params: Any) -> int:
+  return int(sum(x.size for x in jax.tree.leaves(params)))

@@ -1,0 +1,165 @@
+"""The papers' networks as chains of blocks: CIFAR ResNets, ResNet-18, WRN-28-10, pre-activation ResNets.
+
+Every network ends in global average pooling (the reference code averaged only the top-left 6x6
+of the 8x8 map, a pooling-window bug we do not copy). BatchNorm uses PyTorch's defaults
+(momentum 0.1, i.e. Flax momentum 0.9; epsilon 1e-5) and convolutions He (fan-out) initialisation.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import jax.numpy as jnp
+from flax import linen as nn
+
+from jaxdecouple.models.core import Chain, Model
+
+conv_init = nn.initializers.variance_scaling(2.0, 'fan_out', 'normal')
+Conv = functools.partial(nn.Conv, use_bias=False, kernel_init=conv_init)
+
+
+def batch_norm(train: bool, name: str | None = None) -> nn.BatchNorm:
+  # Two-pass variance: Flax's default E[x^2] - E[x]^2 loses precision in float32 when activations
+  # have a large mean, and the lost bits differ between compilations.
+  return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5, use_fast_variance=False,
+                      name=name)
+
+
+class Stem(nn.Module):
+  """3x3 convolution, optionally followed by BatchNorm and ReLU (pre-activation nets omit them)."""
+  features: int
+  norm: bool = True
+
+  @nn.compact
+  def __call__(self, x, train: bool = True):
+    x = Conv(self.features, (3, 3), padding=1)(x)
+    if self.norm:
+      x = nn.relu(batch_norm(train)(x))
+    return x
+
+
+class BasicBlock(nn.Module):
+  """Post-activation basic block. ``shortcut='pad'`` is He et al.'s option A (CIFAR ResNets:
+  subsample and zero-pad channels, no parameters); ``'conv'`` is a 1x1 projection (ResNet-18)."""
+  features: int
+  stride: int = 1
+  shortcut: str = 'conv'
+
+  @nn.compact
+  def __call__(self, x, train: bool = True):
+    y = Conv(self.features, (3, 3), self.stride, padding=1)(x)
+    y = nn.relu(batch_norm(train)(y))
+    y = Conv(self.features, (3, 3), padding=1)(y)
+    y = batch_norm(train)(y)
+    if x.shape != y.shape:
+      if self.shortcut == 'pad':
+        x = x[:, ::self.stride, ::self.stride, :]
+        extra = self.features - x.shape[-1]
+        x = jnp.pad(x, ((0, 0), (0, 0), (0, 0), (extra // 2, extra - extra // 2)))
+      else:
+        x = Conv(self.features, (1, 1), self.stride)(x)
+        x = batch_norm(train)(x)
+    return nn.relu(x + y)
+
+
+class PreActBlock(nn.Module):
+  """Pre-activation basic block (BN-ReLU-conv twice). ``residual_scale`` multiplies the residual
+  branch only (ResIST's test-time scaling); 1.0 is the plain block."""
+  features: int
+  stride: int = 1
+  residual_scale: float = 1.0
+
+  @nn.compact
+  def __call__(self, x, train: bool = True):
+    out = nn.relu(batch_norm(train)(x))
+    shortcut = x
+    if self.stride != 1 or x.shape[-1] != self.features:
+      shortcut = Conv(self.features, (1, 1), self.stride)(out)
+    y = Conv(self.features, (3, 3), self.stride, padding=1)(out)
+    y = nn.relu(batch_norm(train)(y))
+    y = Conv(self.features, (3, 3), padding=1)(y)
+    return shortcut + self.residual_scale * y
+
+
+class Head(nn.Module):
+  """Optional final BN-ReLU (pre-activation nets), global average pooling, linear classifier."""
+  num_classes: int
+  norm: bool = False
+
+  @nn.compact
+  def __call__(self, x, train: bool = True):
+    if self.norm:
+      x = nn.relu(batch_norm(train)(x))
+    x = jnp.mean(x, axis=(1, 2))
+    return nn.Dense(self.num_classes)(x)
+
+
+def _chain(stem: nn.Module, sections: Sequence[Sequence[nn.Module]], head: nn.Module):
+  names, modules, where = ['stem'], [stem], {}
+  for s, blocks in enumerate(sections):
+    for b, block in enumerate(blocks):
+      name = f's{s + 1}b{b}'
+      names.append(name)
+      modules.append(block)
+      where[name] = (s, b)
+  names.append('head')
+  modules.append(head)
+  return Chain(tuple(names), tuple(modules)), where
+
+
+def _sections(block, depths: Sequence[int], widths: Sequence[int], first_stride: int = 1, **kw):
+  return [[block(features=w, stride=(first_stride if s == 0 else 2) if b == 0 else 1, **kw)
+           for b in range(n)] for s, (n, w) in enumerate(zip(depths, widths))]
+
+
+def cifar_resnet(depth: int, num_classes: int) -> Model:
+  """He et al.'s CIFAR ResNet-(6n+2): three sections of n basic blocks, 16/32/64 channels."""
+  if depth < 8 or (depth - 2) % 6:
+    raise ValueError(f'CIFAR ResNet depth must be 6n+2 with n >= 1, got {depth}')
+  n = (depth - 2) // 6
+  chain, where = _chain(Stem(16), _sections(BasicBlock, [n] * 3, [16, 32, 64], shortcut='pad'),
+                        Head(num_classes))
+  return Model(f'resnet{depth}', chain, num_classes, where)
+
+
+def resnet18(num_classes: int) -> Model:
+  """ResNet-18 in its CIFAR form: 3x3 stem, no max-pool, [2, 2, 2, 2] blocks of 64..512 channels."""
+  chain, where = _chain(Stem(64), _sections(BasicBlock, [2, 2, 2, 2], [64, 128, 256, 512]),
+                        Head(num_classes))
+  return Model('resnet18', chain, num_classes, where)
+
+
+class WideBlock(nn.Module):
+  """Pre-activation wide basic block of WRN (no dropout, as in the papers' runs)."""
+  features: int
+  stride: int = 1
+
+  @nn.compact
+  def __call__(self, x, train: bool = True):
+    out = nn.relu(batch_norm(train)(x))
+    shortcut = x
+    if self.stride != 1 or x.shape[-1] != self.features:
+      shortcut = Conv(self.features, (1, 1), self.stride)(out)
+    y = Conv(self.features, (3, 3), self.stride, padding=1)(out)
+    y = nn.relu(batch_norm(train)(y))
+    y = Conv(self.features, (3, 3), padding=1)(y)
+    return shortcut + y
+
+
+def wide_resnet(depth: int, widen: int, num_classes: int) -> Model:
+  """WRN-depth-widen: three sections of (depth-4)/6 wide blocks, 16k/32k/64k channels."""
+  if (depth - 4) % 6:
+    raise ValueError(f'WRN depth must be 6n+4, got {depth}')
+  n = (depth - 4) // 6
+  chain, where = _chain(Stem(16, norm=False),
+                        _sections(WideBlock, [n] * 3, [16 * widen, 32 * widen, 64 * widen]),
+                        Head(num_classes, norm=True))
+  return Model(f'wrn{depth}_{widen}', chain, num_classes, where)
+
+
+def preact_resnet(depths: Sequence[int], num_classes: int, widths=(64, 128, 256, 512),
+                  name: str | None = None) -> Model:
+  """Pre-activation ResNet of ResIST's release: 3x3 stem (64 channels), basic blocks."""
+  chain, where = _chain(Stem(widths[0], norm=False), _sections(PreActBlock, depths, widths),
+                        Head(num_classes, norm=True))
+  return Model(name or 'preact_' + '_'.join(map(str, depths)), chain, num_classes, where)

@@ -1,0 +1,232 @@
+"""train_and_evaluate(config, workdir): the method-agnostic training loop.
+
+Data, steps, evaluation, logging, checkpoints and timing live here; what a step does is the
+method's business (jaxdecouple.methods). Metrics stay on the device and are fetched every
+``log_every_steps`` steps, so the loop never waits on the accelerator in between.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from jaxdecouple import config as config_lib
+from jaxdecouple.checkpoint import Checkpointer
+from jaxdecouple.data import Preprocess, TrainOrder, load_dataset, normalize
+from jaxdecouple.methods import METHODS, Method, Setup
+from jaxdecouple.models import Model, build_model, count_params
+from jaxdecouple.optim import make_optimizer, make_schedule
+from jaxdecouple.writers import MetricWriter, format_duration
+
+
+@dataclasses.dataclass
+class RunResult:
+  """What a finished (or stopped) run leaves in memory, for notebooks and tests."""
+  method: Method
+  state: Any
+  step: int
+  last_eval: dict | None
+  workdir: str
+
+  @property
+  def variables(self) -> dict:
+    return self.method.eval_variables(self.state)
+
+
+def use_cpu_devices(n: int) -> None:
+  """Splits the host CPU into n JAX devices; only possible before JAX first runs anything."""
+  if n <= 0:
+    return
+  try:
+    jax.config.update('jax_num_cpu_devices', n)
+  except RuntimeError:
+    have = len(jax.devices('cpu'))
+    if have != n:
+      logging.warning('config.cpu_devices=%d ignored: JAX already started with %d CPU devices '
+                      '(set JAX_NUM_CPU_DEVICES=%d before starting Python)', n, have, n)
+
+
+class Evaluator:
+  """Test loss and accuracy of the whole network, batch by batch, on one device."""
+
+  def __init__(self, model: Model, preprocess: Preprocess, batch_size: int, device: jax.Device):
+    self.batch_size = batch_size
+    self.device = device
+
+    @jax.jit
+    def sums(variables, images, labels, mask):
+      logits, _ = model.apply(variables, normalize(images, preprocess), train=False)
+      logits = logits.astype(jnp.float32)
+      losses = -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1)[:, 0]
+      correct = jnp.argmax(logits, -1) == labels
+      return jnp.sum(losses * mask), jnp.sum(correct * mask)
+
+    self._sums = sums
+
+  def __call__(self, variables, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    variables = jax.device_put(variables, self.device)
+    total_loss, total_correct, b = 0.0, 0.0, self.batch_size
+    parts = []
+    for start in range(0, len(x), b):
+      xb, yb = x[start:start + b], y[start:start + b]
+      mask = np.ones(len(xb), np.float32)
+      if len(xb) < b:  # pad the last batch: one compiled shape for every batch
+        pad = b - len(xb)
+        xb = np.concatenate([xb, np.zeros((pad, *xb.shape[1:]), xb.dtype)])
+        yb = np.concatenate([yb, np.zeros(pad, yb.dtype)])
+        mask = np.concatenate([mask, np.zeros(pad, np.float32)])
+      parts.append(self._sums(variables, *jax.device_put((xb, yb, mask), self.device)))
+    for loss, correct in jax.device_get(parts):
+      total_loss += float(loss)
+      total_correct += float(correct)
+    return {'test_loss': total_loss / len(x), 'test_accuracy': total_correct / len(x)}
+
+
+class _StopSignal:
+  """Turns SIGTERM (preemption) into a clean stop after the current step, with a checkpoint."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    try:
+      self._previous = signal.signal(signal.SIGTERM, self._handler)
+    except ValueError:  # not in the main thread (e.g. some notebook kernels): no handler
+      self._previous = None
+    return self
+
+  def _handler(self, signum, frame):
+    logging.warning('SIGTERM received: saving a checkpoint and stopping after this step')
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def build_setup(config, dataset) -> Setup:
+  model = build_model(config.model, dataset.num_classes)
+  steps_per_epoch = len(dataset.x_train) // config.batch_size
+  preprocess = Preprocess(tuple(dataset.mean), tuple(dataset.std), config.data.crop_padding,
+                          config.data.flip, config.data.augment)
+  return Setup(config=config, model=model, preprocess=preprocess,
+               optimizer=make_optimizer(config.optim),
+               schedule=make_schedule(config.optim, steps_per_epoch),
+               steps_per_epoch=steps_per_epoch, devices=jax.devices())
+
+
+def train_and_evaluate(config, workdir: str) -> RunResult:
+  """Trains ``config.method`` as configured, evaluating, logging and checkpointing into ``workdir``.
+
+  Running again with the same workdir resumes from its latest checkpoint and, given the same
+  config, ends exactly where an uninterrupted run ends.
+  """
+  config_lib.validate(config)
+  use_cpu_devices(config.cpu_devices)
+  dataset = load_dataset(config.data, config.dataset)
+  if config.batch_size > len(dataset.x_train):
+    config_lib._fail('batch_size', f'{config.batch_size} exceeds the {len(dataset.x_train)} training '
+                     f'examples of {config.dataset}')
+  setup = build_setup(config, dataset)
+  spe = setup.steps_per_epoch
+  total_steps = config.max_steps or config.num_epochs * spe
+  order = TrainOrder(len(dataset.x_train), config.batch_size, config.seed)
+  method = METHODS[config.method](setup)
+
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
+    f.write(config.to_json_best_effort(indent=2))
+  logging.info('%s on %s (%s, %d train / %d test images) with %s; %d steps of batch %d '
+               '(%d per epoch); devices: %s', config.method, config.dataset, dataset.source,
+               len(dataset.x_train), len(dataset.x_test), config.model, total_steps, config.batch_size,
+               spe, ', '.join(str(d) for d in setup.devices))
+
+  state = method.init(jax.random.key(config.seed), order.batch(dataset.x_train, dataset.y_train, 0))
+  checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'), config.keep_checkpoints)
+  restored = checkpointer.restore_latest(state)
+  start = 0
+  if restored is not None:
+    start, state = restored
+    logging.info('resumed from the checkpoint at step %d (epoch %.2f)', start, start / spe)
+  variables = method.eval_variables(state)
+  logging.info('model %s: %d blocks, %.3fM parameters', config.model, len(setup.model.block_names),
+               count_params(variables['params']) / 1e6)
+  for line in method.describe(state):
+    logging.info('%s', line)
+
+  writer = MetricWriter(workdir)
+  evaluator = Evaluator(setup.model, setup.preprocess, config.eval_batch_size, setup.devices[0])
+  eval_every = config.eval_every_epochs * spe
+  pending: list[dict] = []
+  last_eval, step = None, start
+  interval_start, interval_steps = time.perf_counter(), 0
+  epoch_start = time.perf_counter()
+  run_start = time.perf_counter()
+
+  def flush_metrics(step: int) -> None:
+    nonlocal interval_start, interval_steps, pending
+    values = [m for m in jax.device_get(pending) if m]
+    now = time.perf_counter()
+    elapsed = now - interval_start
+    rate = interval_steps * config.batch_size / elapsed if elapsed > 0 else 0.0
+    if values:
+      means = {k: float(np.mean([v[k] for v in values if k in v])) for k in values[-1]}
+      eta = (total_steps - step) * elapsed / max(interval_steps, 1)
+      writer.write('train', step, epoch=round(step / spe, 4), images_per_sec=round(rate, 1), **means)
+      logging.info('step %d/%d (epoch %.2f): loss %.4f, lr %.4g, %.0f images/s, ETA %s', step,
+                   total_steps, step / spe, means.get('train_loss', float('nan')),
+                   means.get('learning_rate', float('nan')), rate, format_duration(eta))
+    pending, interval_start, interval_steps = [], now, 0
+
+  def run_eval(step: int) -> dict:
+    nonlocal epoch_start
+    flush_metrics(step)
+    epoch_time = time.perf_counter() - epoch_start
+    t = time.perf_counter()
+    result = evaluator(method.eval_variables(state), dataset.x_test, dataset.y_test)
+    record = writer.write('eval', step, epoch=round(step / spe, 4), **result,
+                          epoch_time_s=round(epoch_time, 3), eval_time_s=round(time.perf_counter() - t, 3),
+                          train_images_per_sec=round(min(step - start, eval_every) * config.batch_size
+                                                     / max(epoch_time, 1e-9), 1))
+    logging.info('epoch %.2f (step %d): test accuracy %.4f, test loss %.4f; %.1f s for the epoch',
+                 step / spe, step, result['test_accuracy'], result['test_loss'], epoch_time)
+    epoch_start = time.perf_counter()
+    return record
+
+  try:
+    with _StopSignal() as stop:
+      for step in range(start, total_steps):
+        batch = order.batch(dataset.x_train, dataset.y_train, step)
+        state, metrics = method.step(state, batch, step)
+        pending.append(metrics)
+        interval_steps += 1
+        if step == start:  # exclude compilation from the throughput figures
+          jax.block_until_ready(state)
+          logging.info('first step (compilation included) took %.1f s', time.perf_counter() - run_start)
+          pending, interval_start, interval_steps, epoch_start = [], time.perf_counter(), 0, time.perf_counter()
+        done = step + 1
+        if done % config.log_every_steps == 0:
+          flush_metrics(done)
+        if done % eval_every == 0 or done == total_steps:
+          last_eval = run_eval(done)
+        if (config.checkpoint_every_steps and done % config.checkpoint_every_steps == 0) \
+            or done == total_steps or stop.requested:
+          checkpointer.save(done, state)
+        step = done
+        if stop.requested:
+          logging.warning('stopped at step %d; run again with the same --workdir to resume', done)
+          break
+  finally:
+    checkpointer.close()
+    writer.close()
+  logging.info('finished at step %d in %s', step, format_duration(time.perf_counter() - run_start))
+  return RunResult(method, state, step, last_eval, workdir)

@@ -1,0 +1,98 @@
+"""Where metrics go: WORKDIR/metrics.jsonl (always), the console, and TensorBoard when a writer
+library (tensorboardX, or TensorFlow's tf.summary) is installed."""
+from __future__ import annotations
+
+import json
+import logging as logging_std
+import math
+import os
+import time
+from typing import Any
+
+from absl import logging
+
+
+class _QuietLibraries(logging_std.Filter):
+  """Drops INFO and DEBUG records of other libraries (orbax logs every file it writes)."""
+
+  def filter(self, record: logging_std.LogRecord) -> bool:
+    return record.levelno >= logging_std.WARNING or 'jaxdecouple' in record.pathname \
+        or record.pathname.endswith('main.py')
+
+
+def quiet_library_logs() -> None:
+  """Keeps the console to our progress lines plus everyone's warnings."""
+  for handler in (logging.get_absl_handler(), *logging_std.getLogger().handlers):
+    if not any(isinstance(f, _QuietLibraries) for f in handler.filters):
+      handler.addFilter(_QuietLibraries())
+
+
+def _tensorboard_writer(logdir: str):
+  try:
+    from tensorboardX import SummaryWriter  # optional
+    writer = SummaryWriter(logdir)
+    return lambda tag, value, step: writer.add_scalar(tag, value, step), writer.flush, writer.close
+  except ImportError:
+    pass
+  try:
+    import tensorflow as tf  # optional, and heavy: only when tensorboardX is absent
+    writer = tf.summary.create_file_writer(logdir)
+
+    def scalar(tag, value, step):
+      with writer.as_default():
+        tf.summary.scalar(tag, value, step=step)
+    return scalar, writer.flush, writer.close
+  except ImportError:
+    return None
+
+
+def _clean(value: Any) -> Any:
+  if hasattr(value, 'item'):
+    value = value.item()
+  if isinstance(value, float) and not math.isfinite(value):
+    return str(value)  # keep the line valid JSON
+  return value
+
+
+class MetricWriter:
+  """Appends one JSON object per line; also scalars to TensorBoard when available."""
+
+  def __init__(self, workdir: str, tensorboard: bool = True):
+    os.makedirs(workdir, exist_ok=True)
+    self.path = os.path.join(workdir, 'metrics.jsonl')
+    self._file = open(self.path, 'a', encoding='utf-8')
+    self._tb = _tensorboard_writer(os.path.join(workdir, 'tensorboard')) if tensorboard else None
+    if tensorboard and self._tb is None:
+      logging.info('no TensorBoard writer library installed (tensorboardX or tensorflow): '
+                   'metrics go to %s only', self.path)
+
+  def write(self, kind: str, step: int, **values) -> dict:
+    record = {'kind': kind, 'step': int(step), 'time': round(time.time(), 3),
+              **{k: _clean(v) for k, v in values.items()}}
+    self._file.write(json.dumps(record) + '\n')
+    self._file.flush()
+    if self._tb is not None:
+      for k, v in record.items():
+        if k not in ('kind', 'step', 'time') and isinstance(v, (int, float)) and not isinstance(v, bool):
+          self._tb[0](f'{kind}/{k}', v, int(step))
+      self._tb[1]()
+    return record
+
+  def close(self) -> None:
+    self._file.close()
+    if self._tb is not None:
+      self._tb[2]()
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  """All records of a run's metrics.jsonl (a resumed run appends to the same file)."""
+  path = os.path.join(workdir, 'metrics.jsonl')
+  with open(path, encoding='utf-8') as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def format_duration(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  h, rest = divmod(seconds, 3600)
+  m, s = divmod(rest, 60)
+  return f'{h}h{m:02d}m{s:02d}s' if h else f'{m}m{s:02d}s'

@@ -1,0 +1,81 @@
+"""Config checks: unknown fields, wrong types and bad values stop with one line naming the field."""
+import glob
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import tiny_config
+from jaxdecouple.config import validate
+from jaxdecouple.errors import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize('field,value,message', [
+    ('batch_size', 0, 'config.batch_size: must be positive'),
+    ('optim.learning_rate', -0.1, 'config.optim.learning_rate: must be positive'),
+    ('model', 'resnet7', 'config.model: unknown model'),
+    ('dataset', 'imagenet', 'config.dataset: .* choose one of: cifar10, cifar100, fashion_mnist'),
+    ('method', 'magic', 'config.method: .*choose one of: .*bp'),
+    ('data.source', 'web', 'config.data.source'),
+    ('optim.momentum', 1.5, r'config.optim.momentum: must be in \[0, 1\)'),
+    ('optim.milestones', (3, 1), 'config.optim.milestones: must be non-negative epochs in increasing order'),
+    ('optim.warmup', 'cosine', 'config.optim.warmup'),
+    ('batch_size', 12.5, 'config.batch_size: must be an integer'),
+    ('optim.nesterov', 'yes', 'config.optim.nesterov: must be true or false'),
+])
+def test_bad_values_name_the_field(field, value, message):
+  c = tiny_config()
+  c.unlock()
+  target = c
+  *path, last = field.split('.')
+  for p in path:
+    target = target[p]
+  with target.ignore_type():
+    target[last] = value
+  with pytest.raises(ConfigError, match=message):
+    validate(c)
+
+
+def test_unknown_field_lists_the_real_ones():
+  c = tiny_config()
+  c.optim.lerning_rate = 0.1
+  with pytest.raises(ConfigError, match='config.optim.lerning_rate: unknown field; .*learning_rate'):
+    validate(c)
+
+
+def test_npz_source_needs_a_path():
+  with pytest.raises(ConfigError, match='config.data.path: is required'):
+    validate(tiny_config(**{'data.source': 'npz'}))
+
+
+@pytest.mark.parametrize('path', sorted(glob.glob(os.path.join(ROOT, 'configs', '*.py'))))
+def test_every_config_file_is_valid_and_documents_its_command(path):
+  if path.endswith('__init__.py'):
+    return
+  spec = importlib.util.spec_from_file_location('cfg', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  validate(module.get_config())
+  assert f'python main.py --config=configs/{os.path.basename(path)}' in module.__doc__
+
+
+def run_main(*args):
+  return subprocess.run([sys.executable, 'main.py', *args], cwd=ROOT, capture_output=True, text=True,
+                        timeout=120, env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+
+
+def test_cli_bad_value_stops_before_compute_with_one_line(tmp_path):
+  result = run_main('--config=configs/quickstart.py', f'--workdir={tmp_path}', '--config.batch_size=0')
+  assert result.returncode == 2
+  errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
+  assert errors == ['error: config.batch_size: must be positive, got 0']
+  assert not os.path.exists(tmp_path / 'checkpoints')
+
+
+def test_cli_unknown_override_is_refused(tmp_path):
+  result = run_main('--config=configs/quickstart.py', f'--workdir={tmp_path}', '--config.nope=1')
+  assert result.returncode != 0 and 'nope' in result.stderr

@@ -1,0 +1,72 @@
+"""Models: parameter counts, and that stages cut at any boundary compose back into the whole model."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import assert_trees_equal
+from jaxdecouple.models import build_model, count_params, merge, subset
+
+# The SPEC's counts (the FDG README's 0.46M for ResNet-56 is wrong: it has 0.85M).
+PAPER_COUNTS = {'resnet20': 0.27e6, 'resnet56': 0.85e6, 'resnet110': 1.7e6, 'resnet18': 11.2e6,
+                'wrn28_10': 36.5e6, 'preact101': 41.4e6}
+
+
+@pytest.mark.parametrize('name', sorted(PAPER_COUNTS))
+def test_parameter_counts_match_the_papers(name):
+  model = build_model(name, 100 if name == 'preact101' else 10)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3))))
+  assert abs(count_params(shapes['params']) / PAPER_COUNTS[name] - 1) < 0.02
+
+
+@pytest.mark.parametrize('name,depth', [('resnet20', 9), ('resnet110', 54), ('resnet18', 8),
+                                        ('wrn28_10', 12), ('preact101', 33)])
+def test_block_lists(name, depth):
+  model = build_model(name, 10)
+  assert model.block_names[0] == 'stem' and model.block_names[-1] == 'head'
+  assert len(model.block_names) == depth + 2
+  assert len(model.sections) == depth
+
+
+def test_unknown_model_names_the_allowed_ones():
+  with pytest.raises(ValueError, match='resnet18'):
+    build_model('resnet7', 10)
+
+
+@pytest.mark.parametrize('name,boundaries', [('resnet20', [1]), ('resnet20', [4, 7, 10]),
+                                             ('preact_tiny', [3, 9]), ('resnet8', [1, 2, 3, 4])])
+def test_stages_compose_to_the_whole_model(name, boundaries):
+  model = build_model(name, 10)
+  x = jax.random.normal(jax.random.key(1), (4, 32, 32, 3))
+  variables = model.init(jax.random.key(0), x)
+  for train in (True, False):
+    whole, whole_stats = model.apply(variables, x, train=train)
+    h, stats = x, []
+    for stage in model.cut(boundaries):
+      h, s = stage.apply(subset(variables, stage.names), h, train=train)
+      stats.append({'batch_stats': s})
+    np.testing.assert_array_equal(np.asarray(h), np.asarray(whole))
+    assert_trees_equal(merge(stats)['batch_stats'], whole_stats)
+  parts = [subset(variables, stage.names) for stage in model.cut(boundaries)]
+  assert_trees_equal(merge(parts), variables)
+
+
+def test_cut_rejects_bad_boundaries():
+  model = build_model('resnet8', 10)
+  with pytest.raises(ValueError, match='increasing'):
+    model.cut([3, 2])
+  with pytest.raises(ValueError, match='increasing'):
+    model.cut([0])
+
+
+def test_train_mode_updates_running_statistics_with_torch_momentum():
+  """Running mean moves 10% of the way to the batch mean, as PyTorch's momentum=0.1."""
+  model = build_model('resnet8', 10)
+  x = jax.random.normal(jax.random.key(1), (8, 32, 32, 3)) + 3.0
+  variables = model.init(jax.random.key(0), x)
+  _, stats = model.apply(variables, x, train=True)
+  stem = variables['params']['stem']
+  conv = jax.lax.conv_general_dilated(x, stem['Conv_0']['kernel'], (1, 1), ((1, 1), (1, 1)),
+                                      dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+  np.testing.assert_allclose(stats['stem']['BatchNorm_0']['mean'], 0.1 * conv.mean((0, 1, 2)),
+                             rtol=1e-4, atol=1e-5)
