@@ -1,0 +1,15 @@
+"""FDG K=2 on CIFAR-100 wrn28_10, the FDG paper's recipe (300 epochs).
+
+python main.py --config=configs/fdg_wrn28_10_c100.py --config.data.path=cifar100.npz
+
+Paper: CIFAR-100 FDG 20.28% at beta 1, 19.08% at beta 0.6.
+beta is the paper's best; --config.pipeline.beta=1.0 gives the no-shrinking column.
+
+Data: an .npz with x_train, y_train, x_test, y_test (or the JPEG-compressed CIFAR-10 copy), or
+tensorflow-datasets when it can download or has the data prepared.
+"""
+from jaxdecouple.recipes import fdg_paper
+
+
+def get_config():
+  return fdg_paper('fdg', 'wrn28_10', 'cifar100', num_stages=2, beta=0.6, warmup=False)

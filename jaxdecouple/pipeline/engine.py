@@ -1,0 +1,242 @@
+"""The depth-wise (pipeline) engine: K contiguous stages on their devices, trained in lock-step.
+
+Iteration t, stage k < K-1: (1) if its delayed gradient has arrived, multiply it by beta,
+back-propagate it through the forward it saved ``delay_k`` iterations ago and update; (2) forward
+its new input with the (updated) parameters and save that forward in its ring buffer. The last
+stage does plain SGD on its input. Then outputs move up and input-gradients move down, each to its
+neighbour's device. Within an iteration no stage waits for another, so with asynchronous dispatch
+the stages run at the same time on their devices.
+
+What a stage keeps of an old forward (``keep``):
+  'vjp'        the jax.vjp residuals (old activations and the parameters they met): nothing recomputed;
+  'recompute'  the stage input and the parameters it met; the forward is recomputed when the
+               gradient arrives (same numbers, less memory, one extra forward);
+A ring slot is a flat tuple of arrays (the vjp closure's leaves; its tree structure is captured when
+the forward is traced), so the state has a fixed structure of plain arrays that checkpoints restore.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdecouple.data import Batch, train_inputs
+from jaxdecouple.common import Setup, classification_loss
+from jaxdecouple.models import Chain, count_params, subset
+from jaxdecouple.pipeline.splits import Split
+
+KEEPS = ('vjp', 'recompute')
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSpec:
+  """The knobs that make one pipeline method differ from another."""
+  num_stages: int
+  delays: tuple[int, ...]   # iterations between a stage's forward and the gradient for it
+  keep: str = 'vjp'
+  beta: float = 1.0         # gradient shrinking, applied to every non-last stage's incoming gradient
+
+  def first_gradient(self, k: int) -> int:
+    """The iteration at which stage k first back-propagates: its first forward plus its delay."""
+    return k + self.delays[k]
+
+
+class StageState(NamedTuple):
+  params: Any
+  batch_stats: Any
+  opt_state: Any
+  ring: tuple          # delay_k slots, each a tuple of arrays (empty for the last stage)
+  inbox: tuple         # (activation, labels) sent by stage k-1 last iteration; () for stage 0
+  grad_inbox: tuple    # (gradient,) sent by stage k+1 last iteration; () for the last stage
+
+
+class PipelineState(NamedTuple):
+  stages: tuple[StageState, ...]
+
+
+class _Stage:
+  """One stage's compiled functions on its device."""
+
+  def __init__(self, index: int, chain: Chain, spec: PipelineSpec, setup: Setup, device: jax.Device):
+    self.index, self.chain, self.spec, self.setup, self.device = index, chain, spec, setup, device
+    self.first = index == 0
+    self.last = index == spec.num_stages - 1
+    self.delay = spec.delays[index]
+    self._treedef = None  # of the vjp closure, captured when the forward is traced
+    self.forward = jax.jit(self._forward, donate_argnums=(1,))
+    self.backward_update = jax.jit(self._backward_update, donate_argnums=(0, 1))
+    self.last_step = jax.jit(self._last_step, donate_argnums=(0, 1, 2))
+
+  def _inputs(self, x, step):
+    s = self.setup
+    return train_inputs(x, step, s.config.seed, s.preprocess) if self.first else x
+
+  def _apply(self, stats):
+    return lambda params, x: self.chain.apply({'params': params, 'batch_stats': stats}, x, train=True)
+
+  def _vjp(self, params, stats, x):
+    if self.first:  # no gradient for the images
+      y, vjp_fn, new_stats = jax.vjp(lambda p: self._apply(stats)(p, x), params, has_aux=True)
+    else:
+      y, vjp_fn, new_stats = jax.vjp(self._apply(stats), params, x, has_aux=True)
+    return y, vjp_fn, new_stats
+
+  def _forward(self, params, stats, x, step):
+    """Training forward of a new micro-batch; returns output, new BN statistics and what to keep."""
+    x = self._inputs(x, step)
+    if self.spec.keep == 'vjp':
+      y, vjp_fn, new_stats = self._vjp(params, stats, x)
+      leaves, self._treedef = jax.tree.flatten(vjp_fn)
+      return y, new_stats, tuple(leaves)
+    y, new_stats = self._apply(stats)(params, x)
+    return y, new_stats, (x, params)
+
+  def _backward_update(self, params, opt_state, saved, grad, stats, step):
+    """Back-propagates beta * grad through the kept forward, then takes one SGD step."""
+    grad = grad * jnp.asarray(self.spec.beta, grad.dtype)
+    if self.spec.keep == 'vjp':
+      vjp_fn = jax.tree.unflatten(self._treedef, saved)
+    else:
+      x_old, params_old = saved
+      _, vjp_fn, _ = self._vjp(params_old, stats, x_old)
+    grads = vjp_fn(grad)
+    param_grads, input_grad = (grads[0], None) if self.first else grads
+    params, opt_state = self.setup.optimizer.update(param_grads, opt_state, params,
+                                                    self.setup.schedule(step))
+    return params, opt_state, input_grad
+
+  def _last_step(self, params, opt_state, stats, x, labels, step):
+    """The last stage: plain SGD on its input, and the gradient with respect to that input."""
+    x = self._inputs(x, step)
+
+    def loss_fn(p, x):
+      logits, new_stats = self._apply(stats)(p, x)
+      loss, accuracy = classification_loss(logits, labels)
+      return loss, (new_stats, accuracy)
+
+    argnums = 0 if self.first else (0, 1)
+    (loss, (new_stats, accuracy)), grads = jax.value_and_grad(loss_fn, argnums, has_aux=True)(params, x)
+    param_grads, input_grad = (grads, None) if self.first else grads
+    lr = self.setup.schedule(step)
+    params, opt_state = self.setup.optimizer.update(param_grads, opt_state, params, lr)
+    metrics = {'train_loss': loss, 'train_accuracy': accuracy, 'learning_rate': lr}
+    return params, opt_state, new_stats, input_grad, metrics
+
+  def saved_shapes(self, params, stats, x_shape) -> tuple:
+    """Shapes of one ring slot (tracing the forward also captures the vjp tree structure)."""
+    x = jax.ShapeDtypeStruct(x_shape.shape, x_shape.dtype)
+    return jax.eval_shape(self.forward, params, stats, x, np.int32(0))
+
+
+class Pipeline:
+  """Builds the stages of a split model, its initial state, and runs one lock-step iteration."""
+
+  def __init__(self, setup: Setup, spec: PipelineSpec, split: Split, devices: Sequence[jax.Device]):
+    if spec.keep not in KEEPS:
+      raise ValueError(f'keep must be one of {KEEPS}, got {spec.keep!r}')
+    self.setup, self.spec, self.split = setup, spec, split
+    chains = setup.model.cut(split.boundaries)
+    self.devices = [devices[k % len(devices)] for k in range(spec.num_stages)]
+    self.stages = [_Stage(k, c, spec, setup, d) for k, (c, d) in enumerate(zip(chains, self.devices))]
+    self.message_bytes: list[int] = []
+
+  def init(self, rng: jax.Array, example: Batch) -> PipelineState:
+    variables = self.setup.model.init(rng, jnp.zeros((1, *example.images.shape[1:]), jnp.float32))
+    x = jax.ShapeDtypeStruct(example.images.shape, example.images.dtype)
+    labels = jax.ShapeDtypeStruct(example.labels.shape, jnp.int32)
+    stages, self.message_bytes = [], []
+    for stage in self.stages:
+      part = subset(variables, stage.chain.names)
+      params, stats = part['params'], part.get('batch_stats', {})
+      opt_state = self.setup.optimizer.init(params)
+      y, _, saved = stage.saved_shapes(params, stats, x)
+      zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
+      ring = tuple(zeros(saved) for _ in range(0 if stage.last else stage.delay))
+      inbox = () if stage.first else zeros((x, labels))
+      grad_inbox = () if stage.last else (zeros(y),)
+      if not stage.last:
+        self.message_bytes.append(y.size * y.dtype.itemsize * 2 + labels.size * 4)
+      stages.append(jax.device_put(StageState(params, stats, opt_state, ring, inbox, grad_inbox),
+                                   stage.device))
+      x = y
+    return PipelineState(tuple(stages))
+
+  def step(self, state: PipelineState, batch: Batch, t: int) -> tuple[PipelineState, dict]:
+    """Iteration t of the lock-step pipeline (t is the global step, known on the host)."""
+    spec, step = self.spec, np.int32(t)
+    new_states, sent_up, sent_down, metrics = [], [None] * spec.num_stages, [None] * spec.num_stages, {}
+    for k, (stage, st) in enumerate(zip(self.stages, state.stages)):
+      if stage.first:
+        x, labels = jax.device_put((batch.images, batch.labels), stage.device)
+        has_input = True
+      else:
+        (x, labels), has_input = st.inbox, t >= k
+      params, opt_state, stats, ring = st.params, st.opt_state, st.batch_stats, st.ring
+      if stage.last:
+        if has_input:
+          params, opt_state, stats, sent_down[k], metrics = stage.last_step(
+              params, opt_state, stats, x, labels, step)
+      else:
+        slot = t % stage.delay
+        if t >= spec.first_gradient(k):
+          params, opt_state, sent_down[k] = stage.backward_update(
+              params, opt_state, ring[slot], st.grad_inbox[0], stats, step)
+        if has_input:
+          y, stats, saved = stage.forward(params, stats, x, step)
+          ring = ring[:slot] + (saved,) + ring[slot + 1:]
+          sent_up[k] = (y, labels)
+      new_states.append(st._replace(params=params, opt_state=opt_state, batch_stats=stats, ring=ring))
+    for k, stage in enumerate(self.stages):  # communication between neighbours
+      if k > 0 and sent_up[k - 1] is not None:
+        new_states[k] = new_states[k]._replace(inbox=jax.device_put(sent_up[k - 1], stage.device))
+      if not stage.last and sent_down[k + 1] is not None:
+        new_states[k] = new_states[k]._replace(
+            grad_inbox=(jax.device_put(sent_down[k + 1], stage.device),))
+    return PipelineState(tuple(new_states)), metrics
+
+  def eval_variables(self, state: PipelineState) -> dict:
+    device = self.devices[0]
+    params, stats = {}, {}
+    for st in state.stages:
+      params.update(jax.device_put(st.params, device))
+      stats.update(jax.device_put(st.batch_stats, device))
+    return {'params': params, 'batch_stats': stats}
+
+  def describe(self, state: PipelineState) -> list[str]:
+    lines = [f'split ({self.split.how}) into {self.spec.num_stages} stages, keep={self.spec.keep}, '
+             f'beta={self.spec.beta}:']
+    costs = self.split.stage_costs()
+    total = sum(costs)
+    for k, (stage, st) in enumerate(zip(self.stages, state.stages)):
+      names = stage.chain.names
+      lines.append(
+          f'  stage {k} on {stage.device}: blocks {names[0]}..{names[-1]} ({len(names)}), '
+          f'{count_params(st.params) / 1e6:.3f}M params, est. {costs[k] / 1e6:.1f} MFLOP/8 images '
+          f'({100 * costs[k] / total:.0f}%), delay {0 if stage.last else stage.delay}, '
+          f'first update at iteration {k if stage.last else self.spec.first_gradient(k)}'
+          + (f', sends {self.message_bytes[k] / 1e6:.2f} MB/step to stage {k + 1}'
+             if not stage.last else ''))
+    return lines
+
+  def timed_step(self, state: PipelineState, batch: Batch, t: int):
+    """One iteration with each stage's completion time measured (devices idle at the start).
+
+    Returns (state, metrics, seconds per stage). Used every few hundred steps for the logs: it
+    waits for the devices, so it is not how the ordinary steps run.
+    """
+    jax.block_until_ready(state)
+    start = time.perf_counter()
+    new_state, metrics = self.step(state, batch, t)
+    pending = {k: jax.tree.leaves((s.params, s.batch_stats)) for k, s in enumerate(new_state.stages)}
+    done: dict[int, float] = {}
+    while pending:
+      for k in list(pending):
+        if all(x.is_ready() for x in pending[k]):
+          done[k] = time.perf_counter() - start
+          del pending[k]
+      time.sleep(0.0002)
+    return new_state, metrics, [done[k] for k in range(len(self.stages))]

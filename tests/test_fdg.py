@@ -1,0 +1,153 @@
+"""FDG against a sequential reference of its definition, plus the pipeline invariants."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from conftest import assert_trees_close, assert_trees_equal, tiny_config
+from jaxdecouple.data import Preprocess, TrainOrder, load_dataset, train_inputs
+from jaxdecouple.models import build_model, subset
+from jaxdecouple.pipeline import choose_split
+from jaxdecouple.train import train_and_evaluate
+
+
+def fdg_config(k, steps=12, **kw):
+  return tiny_config(method='fdg', max_steps=steps, **{'pipeline.num_stages': k, **kw})
+
+
+def reference_config(k, beta):
+  """lr 0.02: gentle enough that float32 noise stays far below the effect of any semantic change."""
+  return fdg_config(k, **{'pipeline.beta': beta, 'optim.learning_rate': 0.02})
+
+
+def reference_fdg(config, steps):
+  """FDG written from the SPEC, one stage at a time, with explicit histories.
+
+  Stage k forwards micro-batch t-k at iteration t with its parameters after that iteration's update;
+  at iteration t (>= 2K-2-k) it receives the gradient for micro-batch m = t-2K+2+k and recomputes,
+  with jax.vjp, that micro-batch's forward from the stored input and the stored parameters the
+  forward met; beta multiplies every non-last stage's incoming gradient.
+  """
+  K, beta = config.pipeline.num_stages, config.pipeline.beta
+  ds = load_dataset(config.data, config.dataset)
+  model = build_model(config.model, ds.num_classes)
+  variables = model.init(jax.random.key(config.seed), jnp.zeros((1, *ds.image_shape)))
+  split = choose_split(model, K, config.pipeline.split, ds.image_shape)
+  stages = model.cut(split.boundaries)
+  params = [subset(variables, s.names)['params'] for s in stages]
+  stats = [subset(variables, s.names).get('batch_stats', {}) for s in stages]
+  momentum = [jax.tree.map(jnp.zeros_like, p) for p in params]
+  order = TrainOrder(len(ds.x_train), config.batch_size, config.seed)
+  pre = Preprocess(ds.mean, ds.std, 4, True, True)
+  spe = order.steps_per_epoch
+  inputs = [{} for _ in range(K)]        # inputs[k][m]: stage k's input for micro-batch m
+  met = [{} for _ in range(K)]           # met[k][m]: the parameters stage k's forward of m used
+  deltas = [{} for _ in range(K)]        # deltas[k][m]: gradient w.r.t. stage k's output for m
+  labels = {}
+
+  def sgd(k, grads, lr):
+    grads = jax.tree.map(lambda g, p: g + 5e-4 * p, grads, params[k])
+    momentum[k] = jax.tree.map(lambda m, g: 0.9 * m + g, momentum[k], grads)
+    params[k] = jax.tree.map(lambda p, m: p - lr * m, params[k], momentum[k])
+
+  def run(k, p, x, s):
+    return stages[k].apply({'params': p, 'batch_stats': s}, x, train=True)
+
+  for t in range(steps):
+    lr = config.optim.learning_rate * (0.1 if t >= config.optim.milestones[0] * spe else 1.0)
+    idx = order.indices(t)
+    inputs[0][t] = train_inputs(jnp.asarray(ds.x_train[idx]), t, config.seed, pre)
+    labels[t] = jnp.asarray(ds.y_train[idx])
+    for k in range(K):
+      if k == K - 1:
+        m = t - (K - 1)
+        if m < 0:
+          continue
+
+        def loss(p, x):
+          logits, new = run(k, p, x, stats[k])
+          return optax.softmax_cross_entropy_with_integer_labels(logits, labels[m]).mean(), new
+        (gp, gx), new = jax.grad(loss, argnums=(0, 1), has_aux=True)(params[k], inputs[k][m])
+        stats[k] = new
+        sgd(k, gp, lr)
+        if k > 0:
+          deltas[k - 1][m] = gx
+        continue
+      m = t - 2 * K + 2 + k
+      if m >= 0:
+        _, vjp = jax.vjp(lambda p, x: run(k, p, x, stats[k])[0], met[k][m], inputs[k][m])
+        gp, gx = vjp(beta * deltas[k][m])
+        sgd(k, gp, lr)
+        if k > 0:
+          deltas[k - 1][m] = gx
+      m = t - k
+      if m >= 0:
+        met[k][m] = params[k]
+        y, stats[k] = run(k, params[k], inputs[k][m], stats[k])
+        inputs[k + 1][m] = y
+  merged = {'params': {}, 'batch_stats': {}}
+  for p, s in zip(params, stats):
+    merged['params'].update(p)
+    merged['batch_stats'].update(s)
+  return merged
+
+
+@pytest.mark.parametrize('k', [2, 3, 4])
+def test_fdg_matches_the_sequential_reference(k, workdir):
+  config = reference_config(k, beta=0.5)
+  result = train_and_evaluate(config, workdir)
+  assert result.step == 12
+  assert_trees_close(result.variables, reference_fdg(config, 12), tol=5e-4)
+
+
+def test_the_comparison_is_sharp(workdir):
+  """The tolerance above separates FDG from a reference whose beta differs by only 0.1."""
+  result = train_and_evaluate(reference_config(2, beta=0.5), workdir)
+  with pytest.raises(AssertionError):
+    assert_trees_close(result.variables, reference_fdg(reference_config(2, beta=0.6), 12), tol=5e-4)
+
+
+def test_k1_equals_bp(workdir, tmp_path):
+  fdg = train_and_evaluate(fdg_config(1), workdir)
+  bp = train_and_evaluate(tiny_config(max_steps=12), str(tmp_path / 'bp'))
+  assert_trees_equal(fdg.variables, bp.variables, rtol=1e-5, atol=1e-6)
+
+
+def test_saved_forward_and_recompute_give_the_same_parameters(workdir, tmp_path):
+  vjp = train_and_evaluate(fdg_config(3, **{'pipeline.keep': 'vjp'}), workdir)
+  recompute = train_and_evaluate(fdg_config(3, **{'pipeline.keep': 'recompute'}), str(tmp_path / 'r'))
+  assert_trees_equal(vjp.variables, recompute.variables, rtol=1e-5, atol=1e-6)
+
+
+def test_placement_does_not_change_numbers(tmp_path):
+  runs = [train_and_evaluate(fdg_config(4, **{'pipeline.num_devices': n, 'pipeline.beta': 0.7}),
+                             str(tmp_path / str(n))) for n in (1, 2, 4)]
+  assert [len({str(s.device) for s in r.method.pipeline.stages}) for r in runs] == [1, 2, 4]
+  for r in runs[1:]:
+    assert_trees_equal(r.variables, runs[0].variables)
+
+
+def test_stages_live_on_their_devices(workdir):
+  result = train_and_evaluate(fdg_config(4, steps=2), workdir)
+  for k, stage_state in enumerate(result.state.stages):
+    devices = {d for x in jax.tree.leaves(stage_state) for d in x.devices()}
+    assert devices == {jax.devices()[k]}
+
+
+@pytest.mark.parametrize('keep', ['vjp', 'recompute'])
+def test_resume_in_a_filling_pipeline_is_exact(keep, workdir, tmp_path):
+  """K = 3 fills until iteration 2K-2 = 4; stop at 3 (ring buffers half full), resume, compare."""
+  kw = {'pipeline.keep': keep, 'pipeline.beta': 0.5, 'checkpoint_every_steps': 3}
+  train_and_evaluate(fdg_config(3, steps=3, **kw), workdir)
+  resumed = train_and_evaluate(fdg_config(3, steps=12, **kw), workdir)
+  whole = train_and_evaluate(fdg_config(3, steps=12, **kw), str(tmp_path / 'whole'))
+  assert_trees_equal(resumed.state, whole.state)
+
+
+def test_logs_the_split_devices_and_delays(workdir):
+  result = train_and_evaluate(fdg_config(3, steps=1), workdir)
+  lines = result.method.describe(result.state)
+  assert 'into 3 stages' in lines[0]
+  assert 'delay 4' in lines[1] and 'delay 2' in lines[2] and 'delay 0' in lines[3]
+  assert 'cpu:0' in lines[1] and 'cpu:2' in lines[3] and 'MB/step' in lines[1]
