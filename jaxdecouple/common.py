@@ -30,3 +30,33 @@ def classification_loss(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array
   loss = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels).mean()
   accuracy = jnp.mean(jnp.argmax(logits, -1) == labels)
   return loss, accuracy
+
+
+def use_split_backward(config) -> bool:
+  """Whether to compile a training step's forward and backward as two calls.
+
+  XLA:CPU runs a whole-network value-and-grad about 2x slower than the same forward (keeping the
+  vjp residuals) and backward compiled separately (ResNet-56, batch 128: 2.55 s against 1.18 s on
+  2 cores); on GPUs one fused call is the better default.
+  """
+  if config.split_backward == 'auto':
+    return jax.default_backend() == 'cpu'
+  return config.split_backward == 'on'
+
+
+class VjpStash:
+  """Carries a vjp closure from one jitted call to another as a flat tuple of arrays.
+
+  ``flatten`` runs inside the forward's trace and records the closure's tree structure;
+  ``unflatten`` rebuilds the closure inside the backward's trace.
+  """
+
+  def __init__(self):
+    self.treedef = None
+
+  def flatten(self, vjp_fn) -> tuple:
+    leaves, self.treedef = jax.tree.flatten(vjp_fn)
+    return tuple(leaves)
+
+  def unflatten(self, leaves):
+    return jax.tree.unflatten(self.treedef, leaves)

@@ -28,8 +28,10 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.eval_batch_size = 1000
   c.log_every_steps = 100      # training metrics are fetched from the device this often
   c.checkpoint_every_steps = 1000  # 0: only at the end
+  c.profile_every_steps = 500  # per-stage times and peak memory every N steps (0: never)
   c.keep_checkpoints = 2
   c.cpu_devices = 0            # > 0: split the host CPU into this many JAX devices (before JAX starts)
+  c.split_backward = 'auto'    # forward and backward in two compiled calls: auto (on for CPU), on, off
 
   c.data = ml_collections.ConfigDict()
   c.data.source = 'auto'       # auto, idx, npz, tfds, synthetic (tests only)
@@ -129,12 +131,13 @@ def validate(config) -> None:
   _choice(config, 'dataset', sorted(data.DATASETS))
   _choice(config, 'data.source', data.SOURCES)
   _choice(config, 'data.normalization', ('default', 'adl'))
+  _choice(config, 'split_backward', ('auto', 'on', 'off'))
   _choice(config, 'optim.warmup', ('none', 'constant', 'linear'))
   for field in ('batch_size', 'num_epochs', 'eval_every_epochs', 'eval_batch_size', 'log_every_steps',
                 'keep_checkpoints', 'optim.learning_rate', 'data.synthetic_train_size',
                 'data.synthetic_test_size'):
     _positive(config, field)
-  for field in ('max_steps', 'checkpoint_every_steps', 'cpu_devices', 'seed', 'optim.weight_decay',
+  for field in ('max_steps', 'checkpoint_every_steps', 'profile_every_steps', 'cpu_devices', 'seed', 'optim.weight_decay',
                 'optim.warmup_epochs', 'data.crop_padding'):
     _positive(config, field, allow_zero=True)
   if not 0 <= config.optim.momentum < 1:

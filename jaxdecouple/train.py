@@ -90,6 +90,19 @@ class Evaluator:
     return {'test_loss': total_loss / len(x), 'test_accuracy': total_correct / len(x)}
 
 
+def peak_memory(devices) -> dict[str, float]:
+  """Peak bytes in use per device, where the backend reports it (GPUs and TPUs; not the CPU)."""
+  out = {}
+  for d in devices:
+    try:
+      stats = d.memory_stats() or {}
+    except Exception:  # some backends raise instead of returning None
+      stats = {}
+    if 'peak_bytes_in_use' in stats:
+      out[f'peak_memory_gb_{d.platform}{d.id}'] = round(stats['peak_bytes_in_use'] / 2**30, 3)
+  return out
+
+
 class _StopSignal:
   """Turns SIGTERM (preemption) into a clean stop after the current step, with a checkpoint."""
 
@@ -202,11 +215,21 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
     epoch_start = time.perf_counter()
     return record
 
+  def log_profile(step: int, profile: dict) -> None:
+    profile = {**profile, **peak_memory(setup.devices)}
+    if profile:
+      writer.write('profile', step, **profile)
+      logging.info('profile at step %d: %s', step, ', '.join(f'{k} {v}' for k, v in profile.items()))
+
   try:
     with _StopSignal() as stop:
       for step in range(start, total_steps):
         batch = order.batch(dataset.x_train, dataset.y_train, step)
-        state, metrics = method.step(state, batch, step)
+        if config.profile_every_steps and (step + 1) % config.profile_every_steps == 0:
+          state, metrics, profile = method.profiled_step(state, batch, step)
+          log_profile(step + 1, profile)
+        else:
+          state, metrics = method.step(state, batch, step)
         pending.append(metrics)
         interval_steps += 1
         if step == start:  # exclude compilation from the throughput figures

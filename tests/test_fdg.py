@@ -151,3 +151,16 @@ def test_logs_the_split_devices_and_delays(workdir):
   assert 'into 3 stages' in lines[0]
   assert 'delay 4' in lines[1] and 'delay 2' in lines[2] and 'delay 0' in lines[3]
   assert 'cpu:0' in lines[1] and 'cpu:2' in lines[3] and 'MB/step' in lines[1]
+
+
+def test_profile_records_stage_times_and_traffic(workdir):
+  from jaxdecouple.writers import read_metrics
+  result = train_and_evaluate(fdg_config(2, steps=8, profile_every_steps=4), workdir)
+  profiles = [r for r in read_metrics(workdir) if r['kind'] == 'profile']
+  assert [p['step'] for p in profiles] == [4, 8]
+  for p in profiles:
+    assert p['stage0_seconds'] > 0 and p['stage1_seconds'] > 0
+    # ResNet-8 stage 0 ends with 16 channels at 32x32: activation up + gradient down, plus labels.
+    expected = (32 * 32 * 32 * 16 * 4 * 2 + 32 * 4) / 1e6
+    assert p['stage0_sends_mb'] == pytest.approx(expected, rel=1e-3)
+  assert result.step == 8

@@ -38,6 +38,12 @@ class Method(abc.ABC):
   def eval_variables(self, state: Any) -> dict[str, Any]:
     """The whole network as one Flax variable dict, for evaluation."""
 
+  def profiled_step(self, state: Any, batch: Batch, step: int) -> tuple[Any, dict, dict]:
+    """``step`` plus what it cost (e.g. seconds per stage); may wait for the devices, so the loop
+    calls it only every ``profile_every_steps`` steps. Default: no breakdown."""
+    state, metrics = self.step(state, batch, step)
+    return state, metrics, {}
+
   def describe(self, state: Any) -> list[str]:
     """Lines logged once at start (split, devices, delays, parameter counts...)."""
     return []

@@ -56,6 +56,13 @@ class PipelineMethod(Method):
   def step(self, state, batch: Batch, step: int):
     return self.pipeline.step(state, batch, step)
 
+  def profiled_step(self, state, batch: Batch, step: int):
+    state, metrics, seconds = self.pipeline.timed_step(state, batch, step)
+    profile = {f'stage{k}_seconds': round(s, 5) for k, s in enumerate(seconds)}
+    profile.update({f'stage{k}_sends_mb': round(b / 1e6, 4)
+                    for k, b in enumerate(self.pipeline.message_bytes)})
+    return state, metrics, profile
+
   def eval_variables(self, state):
     return self.pipeline.eval_variables(state)
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdecouple.data import Batch, train_inputs
-from jaxdecouple.common import Setup, classification_loss
+from jaxdecouple.common import Setup, VjpStash, classification_loss, use_split_backward
 from jaxdecouple.models import Chain, count_params, subset
 from jaxdecouple.pipeline.splits import Split
 
@@ -66,10 +66,20 @@ class _Stage:
     self.first = index == 0
     self.last = index == spec.num_stages - 1
     self.delay = spec.delays[index]
-    self._treedef = None  # of the vjp closure, captured when the forward is traced
+    self.split_backward = use_split_backward(setup.config)
+    self._stash = VjpStash()       # ring slots: the kept forward's vjp closure as flat arrays
+    self._last_stash = VjpStash()  # the last stage's loss vjp, when its step is split in two calls
     self.forward = jax.jit(self._forward, donate_argnums=(1,))
-    self.backward_update = jax.jit(self._backward_update, donate_argnums=(0, 1))
+    self.backward_update = jax.jit(self._backward_update, donate_argnums=(0, 1),
+                                   static_argnames=('recompute',))
+    self.residuals = jax.jit(self._residuals)
+    # The consumed ring slot is donated too: its buffers hold the new slot (same shapes for 'vjp').
+    self.backward_forward = jax.jit(self._backward_forward,
+                                    donate_argnums=(0, 1, 2, 3) if spec.keep == 'vjp' else (0, 1, 2),
+                                    static_argnames=('recompute',))
     self.last_step = jax.jit(self._last_step, donate_argnums=(0, 1, 2))
+    self.last_forward = jax.jit(self._last_forward, donate_argnums=(1,))
+    self.last_backward = jax.jit(self._last_backward, donate_argnums=(0, 1))
 
   def _inputs(self, x, step):
     s = self.setup
@@ -90,41 +100,86 @@ class _Stage:
     x = self._inputs(x, step)
     if self.spec.keep == 'vjp':
       y, vjp_fn, new_stats = self._vjp(params, stats, x)
-      leaves, self._treedef = jax.tree.flatten(vjp_fn)
-      return y, new_stats, tuple(leaves)
+      return y, new_stats, self._stash.flatten(vjp_fn)
     y, new_stats = self._apply(stats)(params, x)
     return y, new_stats, (x, params)
 
-  def _backward_update(self, params, opt_state, saved, grad, stats, step):
-    """Back-propagates beta * grad through the kept forward, then takes one SGD step."""
+  def _backward_forward(self, params, opt_state, stats, saved, grad, x, step, recompute: bool):
+    """A stage's whole steady-state iteration in one call: backward and update, then forward."""
+    params, opt_state, input_grad = self._backward_update(params, opt_state, saved, grad, stats, step,
+                                                          recompute)
+    y, stats, new_saved = self._forward(params, stats, x, step)
+    return params, opt_state, stats, input_grad, y, new_saved
+
+  def _residuals(self, saved, stats):
+    """keep='recompute': the old forward's vjp residuals, recomputed from its input and parameters."""
+    x_old, params_old = saved
+    return self._stash.flatten(self._vjp(params_old, stats, x_old)[1])
+
+  def _backward_update(self, params, opt_state, saved, grad, stats, step, recompute: bool):
+    """Back-propagates beta * grad through the kept forward, then takes one SGD step.
+
+    ``saved`` is the vjp residuals, or with ``recompute`` the old input and parameters, whose
+    forward is then recomputed in this same call (see common.use_split_backward for why the CPU
+    recomputes in a call of its own instead).
+    """
     grad = grad * jnp.asarray(self.spec.beta, grad.dtype)
-    if self.spec.keep == 'vjp':
-      vjp_fn = jax.tree.unflatten(self._treedef, saved)
-    else:
+    if recompute:
       x_old, params_old = saved
-      _, vjp_fn, _ = self._vjp(params_old, stats, x_old)
+      vjp_fn = self._vjp(params_old, stats, x_old)[1]
+    else:
+      vjp_fn = self._stash.unflatten(saved)
     grads = vjp_fn(grad)
     param_grads, input_grad = (grads[0], None) if self.first else grads
     params, opt_state = self.setup.optimizer.update(param_grads, opt_state, params,
                                                     self.setup.schedule(step))
     return params, opt_state, input_grad
 
-  def _last_step(self, params, opt_state, stats, x, labels, step):
-    """The last stage: plain SGD on its input, and the gradient with respect to that input."""
-    x = self._inputs(x, step)
-
+  def _last_loss(self, stats, labels):
     def loss_fn(p, x):
       logits, new_stats = self._apply(stats)(p, x)
       loss, accuracy = classification_loss(logits, labels)
       return loss, (new_stats, accuracy)
+    return loss_fn
 
-    argnums = 0 if self.first else (0, 1)
-    (loss, (new_stats, accuracy)), grads = jax.value_and_grad(loss_fn, argnums, has_aux=True)(params, x)
-    param_grads, input_grad = (grads, None) if self.first else grads
+  def _last_update(self, grads, opt_state, params, step):
+    param_grads, input_grad = (grads[0], None) if self.first else grads
     lr = self.setup.schedule(step)
     params, opt_state = self.setup.optimizer.update(param_grads, opt_state, params, lr)
+    return params, opt_state, input_grad, lr
+
+  def _last_step(self, params, opt_state, stats, x, labels, step):
+    """The last stage: plain SGD on its input, and the gradient with respect to that input."""
+    x = self._inputs(x, step)
+    argnums = (0,) if self.first else (0, 1)
+    (loss, (new_stats, accuracy)), grads = jax.value_and_grad(
+        self._last_loss(stats, labels), argnums, has_aux=True)(params, x)
+    params, opt_state, input_grad, lr = self._last_update(grads, opt_state, params, step)
     metrics = {'train_loss': loss, 'train_accuracy': accuracy, 'learning_rate': lr}
     return params, opt_state, new_stats, input_grad, metrics
+
+  def _last_forward(self, params, stats, x, labels, step):
+    """First half of the last stage's step when split (see common.use_split_backward)."""
+    x = self._inputs(x, step)
+    loss_fn = self._last_loss(stats, labels)
+    if self.first:
+      loss, vjp_fn, (new_stats, accuracy) = jax.vjp(lambda p: loss_fn(p, x), params, has_aux=True)
+    else:
+      loss, vjp_fn, (new_stats, accuracy) = jax.vjp(loss_fn, params, x, has_aux=True)
+    return loss, accuracy, new_stats, self._last_stash.flatten(vjp_fn)
+
+  def _last_backward(self, params, opt_state, residuals, step):
+    grads = self._last_stash.unflatten(residuals)(jnp.ones((), jnp.float32))
+    return self._last_update(grads, opt_state, params, step)
+
+  def run_last(self, params, opt_state, stats, x, labels, step):
+    """The last stage's step, fused or as forward and backward calls."""
+    if not self.split_backward:
+      return self.last_step(params, opt_state, stats, x, labels, step)
+    loss, accuracy, stats, residuals = self.last_forward(params, stats, x, labels, step)
+    params, opt_state, input_grad, lr = self.last_backward(params, opt_state, residuals, step)
+    return params, opt_state, stats, input_grad, {'train_loss': loss, 'train_accuracy': accuracy,
+                                                  'learning_rate': lr}
 
   def saved_shapes(self, params, stats, x_shape) -> tuple:
     """Shapes of one ring slot (tracing the forward also captures the vjp tree structure)."""
@@ -178,15 +233,24 @@ class Pipeline:
       params, opt_state, stats, ring = st.params, st.opt_state, st.batch_stats, st.ring
       if stage.last:
         if has_input:
-          params, opt_state, stats, sent_down[k], metrics = stage.last_step(
+          params, opt_state, stats, sent_down[k], metrics = stage.run_last(
               params, opt_state, stats, x, labels, step)
       else:
         slot = t % stage.delay
+        saved = None
         if t >= spec.first_gradient(k):
-          params, opt_state, sent_down[k] = stage.backward_update(
-              params, opt_state, ring[slot], st.grad_inbox[0], stats, step)
-        if has_input:
+          old, recompute = ring[slot], spec.keep == 'recompute'
+          if recompute and stage.split_backward:
+            old, recompute = stage.residuals(old, stats), False
+          if has_input:  # the steady state: one call, the consumed slot's memory reused
+            params, opt_state, stats, sent_down[k], y, saved = stage.backward_forward(
+                params, opt_state, stats, old, st.grad_inbox[0], x, step, recompute=recompute)
+          else:
+            params, opt_state, sent_down[k] = stage.backward_update(
+                params, opt_state, old, st.grad_inbox[0], stats, step, recompute=recompute)
+        elif has_input:  # filling: nothing to back-propagate yet
           y, stats, saved = stage.forward(params, stats, x, step)
+        if saved is not None:
           ring = ring[:slot] + (saved,) + ring[slot + 1:]
           sent_up[k] = (y, labels)
       new_states.append(st._replace(params=params, opt_state=opt_state, batch_stats=stats, ring=ring))
@@ -223,15 +287,17 @@ class Pipeline:
     return lines
 
   def timed_step(self, state: PipelineState, batch: Batch, t: int):
-    """One iteration with each stage's completion time measured (devices idle at the start).
+    """One iteration with each stage's own compute time measured (devices idle at the start).
 
-    Returns (state, metrics, seconds per stage). Used every few hundred steps for the logs: it
+    A stage's time is its completion time minus the completion of the stage before it on the same
+    device (stages sharing a device run one after another in dispatch order). Returns (state,
+    metrics, seconds per stage). Used every few hundred steps for the logs and by the benchmarks: it
     waits for the devices, so it is not how the ordinary steps run.
     """
     jax.block_until_ready(state)
     start = time.perf_counter()
     new_state, metrics = self.step(state, batch, t)
-    pending = {k: jax.tree.leaves((s.params, s.batch_stats)) for k, s in enumerate(new_state.stages)}
+    pending = {k: jax.tree.leaves((s.params, s.batch_stats, s.ring)) for k, s in enumerate(new_state.stages)}
     done: dict[int, float] = {}
     while pending:
       for k in list(pending):
@@ -239,4 +305,9 @@ class Pipeline:
           done[k] = time.perf_counter() - start
           del pending[k]
       time.sleep(0.0002)
-    return new_state, metrics, [done[k] for k in range(len(self.stages))]
+    own, last_on_device = [], {}
+    for k in sorted(done, key=done.get):
+      device = self.devices[k]
+      own.append((k, done[k] - last_on_device.get(device, 0.0)))
+      last_on_device[device] = done[k]
+    return new_state, metrics, [t for _, t in sorted(own)]
