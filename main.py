@@ -10,6 +10,33 @@ flags.DEFINE_string('workdir', None, 'Where metrics, checkpoints and TensorBoard
 flags.mark_flags_as_required(['config'])
 
 
+def parse_flags(argv):
+  """absl's flag parsing, with bad --config.FIELD overrides reported as one line (exit status 2)."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    message = str(e)
+  except (AttributeError, KeyError) as e:  # ml_collections: an override names no field
+    message = str(e)
+    from jaxdecouple.config import get_default_config
+    for arg in argv[1:]:
+      if arg.startswith('--config.'):
+        path = arg[len('--config.'):].split('=', 1)[0].split('.')
+        node = get_default_config()
+        for i, part in enumerate(path):
+          if not hasattr(node, 'keys') or part not in node:
+            where = 'config' + ''.join('.' + p for p in path[:i])
+            allowed = ', '.join(sorted(node.keys())) if hasattr(node, 'keys') else '(none: not a group)'
+            message = f'--config.{".".join(path)}: unknown field; fields of {where}: {allowed}'
+            break
+          node = node[part]
+        else:
+          continue
+        break
+  print(f'error: {message}', file=sys.stderr)
+  sys.exit(2)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
@@ -33,4 +60,4 @@ def main(argv):
 
 if __name__ == '__main__':
   logging.set_verbosity(logging.INFO)
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -76,6 +76,13 @@ def test_cli_bad_value_stops_before_compute_with_one_line(tmp_path):
   assert not os.path.exists(tmp_path / 'checkpoints')
 
 
-def test_cli_unknown_override_is_refused(tmp_path):
-  result = run_main('--config=configs/quickstart.py', f'--workdir={tmp_path}', '--config.nope=1')
-  assert result.returncode != 0 and 'nope' in result.stderr
+@pytest.mark.parametrize('override,message', [
+    ('--config.nope=1', 'error: --config.nope: unknown field; fields of config: batch_size,'),
+    ('--config.optim.lerning_rate=1', 'error: --config.optim.lerning_rate: unknown field; fields of '
+     'config.optim: decay_factor, learning_rate,'),
+    ('--config.batch_size=abc', "error: flag --config.batch_size=abc: invalid literal for int()"),
+])
+def test_cli_bad_override_is_one_line(override, message, tmp_path):
+  result = run_main('--config=configs/quickstart.py', f'--workdir={tmp_path}', override)
+  assert result.returncode == 2
+  assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith(message)

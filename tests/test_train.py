@@ -165,3 +165,24 @@ def test_split_and_fused_backward_agree(method, workdir, tmp_path):
   split = train_and_evaluate(tiny_config(split_backward='on', **kw), workdir)
   fused = train_and_evaluate(tiny_config(split_backward='off', **kw), str(tmp_path / 'fused'))
   assert_trees_close(split.variables, fused.variables, tol=1e-4)
+
+
+def test_sigterm_saves_a_checkpoint_and_resumes_exactly(workdir, tmp_path):
+  """Preemption: SIGTERM stops after the current step with a checkpoint and exit status 0."""
+  script = tmp_path / 'run.py'
+  script.write_text(KILLED_RUN.format(root=ROOT, tests=os.path.join(ROOT, 'tests'), workdir=workdir)
+                    .replace('tiny_config()', 'tiny_config(checkpoint_every_steps=0)'))
+  proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+  metrics = os.path.join(workdir, 'metrics.jsonl')
+  deadline = time.time() + 120
+  while time.time() < deadline and not (os.path.exists(metrics) and '"step": 4' in open(metrics).read()):
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 0, stderr[-2000:]
+  steps = sorted(int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints')) if d.isdigit())
+  assert len(steps) == 1 and 4 <= steps[0] < 16 and 'SIGTERM' in stderr
+  resumed = train_and_evaluate(tiny_config(checkpoint_every_steps=0), workdir)
+  whole = train_and_evaluate(tiny_config(checkpoint_every_steps=0), str(tmp_path / 'whole'))
+  assert_trees_equal(resumed.state, whole.state)
