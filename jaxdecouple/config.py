@@ -67,7 +67,7 @@ def get_default_config() -> ml_collections.ConfigDict:
   return c
 
 
-def _fail(field: str, message: str):
+def fail(field: str, message: str):
   raise ConfigError(f'config.{field}: {message}')
 
 
@@ -76,36 +76,36 @@ def _check_types(config, default, prefix: str = ''):
     field = prefix + key
     if key not in default:
       allowed = ', '.join(sorted(default.keys()))
-      _fail(field, f'unknown field; fields here are: {allowed}')
+      fail(field, f'unknown field; fields here are: {allowed}')
     value, want = config[key], default[key]
     if isinstance(want, ml_collections.ConfigDict):
       if not isinstance(value, (ml_collections.ConfigDict, dict)):
-        _fail(field, f'must be a group of fields, got {type(value).__name__}')
+        fail(field, f'must be a group of fields, got {type(value).__name__}')
       _check_types(value, want, field + '.')
     elif isinstance(want, bool):
       if not isinstance(value, bool):
-        _fail(field, f'must be true or false, got {value!r}')
+        fail(field, f'must be true or false, got {value!r}')
     elif isinstance(want, int):
       if isinstance(value, bool) or not isinstance(value, int):
-        _fail(field, f'must be an integer, got {value!r}')
+        fail(field, f'must be an integer, got {value!r}')
     elif isinstance(want, float):
       if isinstance(value, bool) or not isinstance(value, (int, float)):
-        _fail(field, f'must be a number, got {value!r}')
+        fail(field, f'must be a number, got {value!r}')
       if not math.isfinite(value):
-        _fail(field, f'must be finite, got {value!r}')
+        fail(field, f'must be finite, got {value!r}')
     elif isinstance(want, str):
       if not isinstance(value, str):
-        _fail(field, f'must be a string, got {value!r}')
+        fail(field, f'must be a string, got {value!r}')
     elif isinstance(want, (tuple, list)):
       if not isinstance(value, (tuple, list)) or not all(
           isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-        _fail(field, f'must be a list of numbers, got {value!r}')
+        fail(field, f'must be a list of numbers, got {value!r}')
 
 
 def _choice(config, field: str, allowed):
   value = _get(config, field)
   if value not in allowed:
-    _fail(field, f'{value!r} is not allowed; choose one of: {", ".join(map(str, allowed))}')
+    fail(field, f'{value!r} is not allowed; choose one of: {", ".join(map(str, allowed))}')
 
 
 def _get(config, field: str) -> Any:
@@ -117,7 +117,7 @@ def _get(config, field: str) -> Any:
 def _positive(config, field: str, allow_zero: bool = False):
   value = _get(config, field)
   if value < 0 or (value == 0 and not allow_zero):
-    _fail(field, f'must be {"non-negative" if allow_zero else "positive"}, got {value!r}')
+    fail(field, f'must be {"non-negative" if allow_zero else "positive"}, got {value!r}')
 
 
 def validate(config) -> None:
@@ -127,7 +127,7 @@ def validate(config) -> None:
   _check_types(config, get_default_config())
   _choice(config, 'method', sorted(methods.METHODS))
   if not models.is_valid_model_name(config.model):
-    _fail('model', f'unknown model {config.model!r}; allowed: {models.MODEL_HELP}')
+    fail('model', f'unknown model {config.model!r}; allowed: {models.MODEL_HELP}')
   _choice(config, 'dataset', sorted(data.DATASETS))
   _choice(config, 'data.source', data.SOURCES)
   _choice(config, 'data.normalization', ('default', 'adl'))
@@ -141,18 +141,18 @@ def validate(config) -> None:
                 'optim.warmup_epochs', 'data.crop_padding'):
     _positive(config, field, allow_zero=True)
   if not 0 <= config.optim.momentum < 1:
-    _fail('optim.momentum', f'must be in [0, 1), got {config.optim.momentum!r}')
+    fail('optim.momentum', f'must be in [0, 1), got {config.optim.momentum!r}')
   if not 0 < config.optim.decay_factor <= 1:
-    _fail('optim.decay_factor', f'must be in (0, 1], got {config.optim.decay_factor!r}')
+    fail('optim.decay_factor', f'must be in (0, 1], got {config.optim.decay_factor!r}')
   if config.optim.warmup != 'none' and config.optim.warmup_epochs <= 0:
-    _fail('optim.warmup_epochs', f'must be positive when optim.warmup={config.optim.warmup!r}')
+    fail('optim.warmup_epochs', f'must be positive when optim.warmup={config.optim.warmup!r}')
   if config.optim.warmup == 'constant':
     _positive(config, 'optim.warmup_lr')
   if config.optim.warmup == 'linear' and not 0 < config.optim.warmup_factor <= 1:
-    _fail('optim.warmup_factor', f'must be in (0, 1], got {config.optim.warmup_factor!r}')
+    fail('optim.warmup_factor', f'must be in (0, 1], got {config.optim.warmup_factor!r}')
   milestones = list(config.optim.milestones)
   if any(m < 0 for m in milestones) or milestones != sorted(milestones):
-    _fail('optim.milestones', f'must be non-negative epochs in increasing order, got {milestones}')
+    fail('optim.milestones', f'must be non-negative epochs in increasing order, got {milestones}')
   if config.data.source == 'npz' and not config.data.path:
-    _fail('data.path', "is required when data.source='npz' (a .npz with x_train, y_train, x_test, y_test)")
+    fail('data.path', "is required when data.source='npz' (a .npz with x_train, y_train, x_test, y_test)")
   methods.METHODS[config.method].validate(config)

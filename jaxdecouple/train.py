@@ -147,7 +147,7 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
   use_cpu_devices(config.cpu_devices)
   dataset = load_dataset(config.data, config.dataset)
   if config.batch_size > len(dataset.x_train):
-    config_lib._fail('batch_size', f'{config.batch_size} exceeds the {len(dataset.x_train)} training '
+    config_lib.fail('batch_size', f'{config.batch_size} exceeds the {len(dataset.x_train)} training '
                      f'examples of {config.dataset}')
   setup = build_setup(config, dataset)
   spe = setup.steps_per_epoch

@@ -1,9 +1,11 @@
 """Shared plumbing of the pipeline methods: split and placement from the config, then the engine."""
 from __future__ import annotations
 
+import abc
+
 import jax
 
-from jaxdecouple.config import _fail
+from jaxdecouple.config import fail
 from jaxdecouple.data import Batch
 from jaxdecouple.methods.base import Method, Setup
 from jaxdecouple.models import build_model
@@ -13,23 +15,24 @@ from jaxdecouple.pipeline import KEEPS, Pipeline, PipelineSpec, choose_split
 class PipelineMethod(Method):
   """A method that is one configuration of the pipeline engine; subclasses give ``spec``."""
 
+  @abc.abstractmethod
   def spec(self, num_stages: int) -> PipelineSpec:
-    raise NotImplementedError  # each pipeline method defines its delays and what it keeps
+    """The method's knobs: per-stage delays, what a stage keeps, beta."""
 
   @classmethod
   def validate(cls, config) -> None:
     p = config.pipeline
     if p.num_stages < 1:
-      _fail('pipeline.num_stages', f'must be at least 1, got {p.num_stages}')
+      fail('pipeline.num_stages', f'must be at least 1, got {p.num_stages}')
     if not 0 < p.beta <= 1:
-      _fail('pipeline.beta', f'must be in (0, 1], got {p.beta}')
+      fail('pipeline.beta', f'must be in (0, 1], got {p.beta}')
     if p.keep not in KEEPS:
-      _fail('pipeline.keep', f'{p.keep!r} is not allowed; choose one of: {", ".join(KEEPS)}')
+      fail('pipeline.keep', f'{p.keep!r} is not allowed; choose one of: {", ".join(KEEPS)}')
     if p.num_devices < 0:
-      _fail('pipeline.num_devices', f'must be non-negative (0: one per stage), got {p.num_devices}')
+      fail('pipeline.num_devices', f'must be non-negative (0: one per stage), got {p.num_devices}')
     blocks = len(build_model(config.model, 10).block_names)
     if p.num_stages > blocks:
-      _fail('pipeline.num_stages', f'{config.model} has {blocks} blocks, so at most {blocks} stages')
+      fail('pipeline.num_stages', f'{config.model} has {blocks} blocks, so at most {blocks} stages')
 
   def __init__(self, setup: Setup):
     super().__init__(setup)
@@ -37,7 +40,7 @@ class PipelineMethod(Method):
     available = list(setup.devices)
     n = p.num_devices or min(p.num_stages, len(available))
     if n > len(available):
-      _fail('pipeline.num_devices', f'{n} devices asked for but only {len(available)} present')
+      fail('pipeline.num_devices', f'{n} devices asked for but only {len(available)} present')
     self._devices = available[:n]
     self.pipeline: Pipeline | None = None  # built at init, when the input shape is known
 
@@ -46,7 +49,7 @@ class PipelineMethod(Method):
     try:
       split = choose_split(self.setup.model, p.num_stages, self.setup.config.pipeline.split, example.images.shape[1:])
     except ValueError as e:
-      _fail('pipeline.split', str(e))
+      fail('pipeline.split', str(e))
     return Pipeline(self.setup, self.spec(p.num_stages), split, self._devices)
 
   def init(self, rng: jax.Array, example: Batch):
