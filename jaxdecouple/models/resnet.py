@@ -63,8 +63,9 @@ class BasicBlock(nn.Module):
 
 
 class PreActBlock(nn.Module):
-  """Pre-activation basic block (BN-ReLU-conv twice). ``residual_scale`` multiplies the residual
-  branch only (ResIST's test-time scaling); 1.0 is the plain block."""
+  """Pre-activation basic block (BN-ReLU-conv twice), of WRN and of ResIST's ResNets.
+  ``residual_scale`` multiplies the residual branch only (ResIST's test-time scaling); 1.0 is the
+  plain block."""
   features: int
   stride: int = 1
   residual_scale: float = 1.0
@@ -129,30 +130,14 @@ def resnet18(num_classes: int) -> Model:
   return Model('resnet18', chain, num_classes, where)
 
 
-class WideBlock(nn.Module):
-  """Pre-activation wide basic block of WRN (no dropout, as in the papers' runs)."""
-  features: int
-  stride: int = 1
-
-  @nn.compact
-  def __call__(self, x, train: bool = True):
-    out = nn.relu(batch_norm(train)(x))
-    shortcut = x
-    if self.stride != 1 or x.shape[-1] != self.features:
-      shortcut = Conv(self.features, (1, 1), self.stride)(out)
-    y = Conv(self.features, (3, 3), self.stride, padding=1)(out)
-    y = nn.relu(batch_norm(train)(y))
-    y = Conv(self.features, (3, 3), padding=1)(y)
-    return shortcut + y
-
-
 def wide_resnet(depth: int, widen: int, num_classes: int) -> Model:
-  """WRN-depth-widen: three sections of (depth-4)/6 wide blocks, 16k/32k/64k channels."""
+  """WRN-depth-widen: three sections of (depth-4)/6 pre-activation blocks, 16k/32k/64k channels
+  (no dropout, as in the papers' runs)."""
   if (depth - 4) % 6:
     raise ValueError(f'WRN depth must be 6n+4, got {depth}')
   n = (depth - 4) // 6
   chain, where = _chain(Stem(16, norm=False),
-                        _sections(WideBlock, [n] * 3, [16 * widen, 32 * widen, 64 * widen]),
+                        _sections(PreActBlock, [n] * 3, [16 * widen, 32 * widen, 64 * widen]),
                         Head(num_classes, norm=True))
   return Model(f'wrn{depth}_{widen}', chain, num_classes, where)
 
