@@ -3,7 +3,8 @@
   python benchmarks/throughput.py --model=resnet56 --batch=128 --cpu_devices=2 \
       --runs=bp:1,fdg:2:1,fdg:2:2
 
-Each run is METHOD:K:DEVICES (K and DEVICES default to 1). For every run: the median seconds per
+Each run is METHOD:K:DEVICES (K and DEVICES default to 1; for dp, K is ignored and DEVICES is the
+number of devices the batch is sharded over, e.g. dp:1:2). For every run: the median seconds per
 iteration over --iters timed iterations (after --warmup iterations, which include compilation and
 the pipeline fill; every timed iteration waits for its results), images/s, the ratio to the first
 run, and for pipeline methods each stage's time measured on idle devices plus the speed-up that K
@@ -61,6 +62,7 @@ def main(argv=None):
     c.data.synthetic_train_size = args.batch * 4
     c.data.synthetic_test_size = 8
     c.pipeline.num_stages, c.pipeline.num_devices, c.pipeline.keep = k, n_dev, args.keep
+    c.dp.num_devices = n_dev
     ds = load_dataset(c.data, c.dataset)
     setup = build_setup(c, ds)
     m = METHODS[method](setup)

@@ -58,6 +58,9 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.optim.warmup_lr = 0.01
   c.optim.warmup_factor = 0.01  # linear warm-up starts at warmup_factor * learning_rate
 
+  c.dp = ml_collections.ConfigDict()  # data parallel
+  c.dp.num_devices = 0         # 0: every device; the batch must divide evenly over them
+
   c.pipeline = ml_collections.ConfigDict()  # depth-wise methods (fdg, ...)
   c.pipeline.num_stages = 2    # K
   c.pipeline.beta = 1.0        # gradient shrinking; 1 = none

@@ -1,8 +1,9 @@
 """Training methods, each a small configuration of an engine behind the interface in base.py."""
 from jaxdecouple.methods.base import Method, Setup, classification_loss
 from jaxdecouple.methods.bp import BP
+from jaxdecouple.methods.dp import DP
 from jaxdecouple.methods.fdg import FDG
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (BP, FDG)}
+METHODS: dict[str, type[Method]] = {m.name: m for m in (BP, DP, FDG)}
 
 __all__ = ['METHODS', 'Method', 'Setup', 'classification_loss']

@@ -87,6 +87,11 @@ class Model:
   def apply(self, variables, x, train: bool):
     return self.chain.apply(variables, x, train)
 
+  def with_batch_norm_axis(self, axis_name: str | None) -> 'Model':
+    """The same network whose BatchNorm averages its batch statistics over a mapped axis."""
+    modules = tuple(m.clone(bn_axis=axis_name) for m in self.chain.modules)
+    return dataclasses.replace(self, chain=Chain(self.chain.names, modules))
+
   def cut(self, boundaries: Sequence[int]) -> list[Chain]:
     """Cuts the chain into stages; ``boundaries`` are the first block index of stages 1..K-1."""
     edges = [0, *boundaries, len(self.chain)]

@@ -18,23 +18,25 @@ conv_init = nn.initializers.variance_scaling(2.0, 'fan_out', 'normal')
 Conv = functools.partial(nn.Conv, use_bias=False, kernel_init=conv_init)
 
 
-def batch_norm(train: bool, name: str | None = None) -> nn.BatchNorm:
+def batch_norm(train: bool, axis_name: str | None = None, name: str | None = None) -> nn.BatchNorm:
   # Two-pass variance: Flax's default E[x^2] - E[x]^2 loses precision in float32 when activations
   # have a large mean, and the lost bits differ between compilations.
+  # axis_name: statistics over the whole batch when it is sharded over that mapped axis (data parallel).
   return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5, use_fast_variance=False,
-                      name=name)
+                      axis_name=axis_name if train else None, name=name)
 
 
 class Stem(nn.Module):
   """3x3 convolution, optionally followed by BatchNorm and ReLU (pre-activation nets omit them)."""
   features: int
   norm: bool = True
+  bn_axis: str | None = None  # see batch_norm
 
   @nn.compact
   def __call__(self, x, train: bool = True):
     x = Conv(self.features, (3, 3), padding=1)(x)
     if self.norm:
-      x = nn.relu(batch_norm(train)(x))
+      x = nn.relu(batch_norm(train, self.bn_axis)(x))
     return x
 
 
@@ -44,13 +46,14 @@ class BasicBlock(nn.Module):
   features: int
   stride: int = 1
   shortcut: str = 'conv'
+  bn_axis: str | None = None  # see batch_norm
 
   @nn.compact
   def __call__(self, x, train: bool = True):
     y = Conv(self.features, (3, 3), self.stride, padding=1)(x)
-    y = nn.relu(batch_norm(train)(y))
+    y = nn.relu(batch_norm(train, self.bn_axis)(y))
     y = Conv(self.features, (3, 3), padding=1)(y)
-    y = batch_norm(train)(y)
+    y = batch_norm(train, self.bn_axis)(y)
     if x.shape != y.shape:
       if self.shortcut == 'pad':
         x = x[:, ::self.stride, ::self.stride, :]
@@ -58,7 +61,7 @@ class BasicBlock(nn.Module):
         x = jnp.pad(x, ((0, 0), (0, 0), (0, 0), (extra // 2, extra - extra // 2)))
       else:
         x = Conv(self.features, (1, 1), self.stride)(x)
-        x = batch_norm(train)(x)
+        x = batch_norm(train, self.bn_axis)(x)
     return nn.relu(x + y)
 
 
@@ -69,15 +72,16 @@ class PreActBlock(nn.Module):
   features: int
   stride: int = 1
   residual_scale: float = 1.0
+  bn_axis: str | None = None  # see batch_norm
 
   @nn.compact
   def __call__(self, x, train: bool = True):
-    out = nn.relu(batch_norm(train)(x))
+    out = nn.relu(batch_norm(train, self.bn_axis)(x))
     shortcut = x
     if self.stride != 1 or x.shape[-1] != self.features:
       shortcut = Conv(self.features, (1, 1), self.stride)(out)
     y = Conv(self.features, (3, 3), self.stride, padding=1)(out)
-    y = nn.relu(batch_norm(train)(y))
+    y = nn.relu(batch_norm(train, self.bn_axis)(y))
     y = Conv(self.features, (3, 3), padding=1)(y)
     return shortcut + self.residual_scale * y
 
@@ -86,11 +90,12 @@ class Head(nn.Module):
   """Optional final BN-ReLU (pre-activation nets), global average pooling, linear classifier."""
   num_classes: int
   norm: bool = False
+  bn_axis: str | None = None  # see batch_norm
 
   @nn.compact
   def __call__(self, x, train: bool = True):
     if self.norm:
-      x = nn.relu(batch_norm(train)(x))
+      x = nn.relu(batch_norm(train, self.bn_axis)(x))
     x = jnp.mean(x, axis=(1, 2))
     return nn.Dense(self.num_classes)(x)
 
