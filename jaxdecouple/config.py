@@ -65,7 +65,7 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.pipeline.num_stages = 2    # K
   c.pipeline.beta = 1.0        # gradient shrinking; 1 = none
   c.pipeline.split = 'auto'    # auto (reference, else balanced), reference, balanced, or 's2b4,s3b0'
-  c.pipeline.keep = 'vjp'      # vjp (saved forward) or recompute (input + params; less memory)
+  c.pipeline.keep = 'vjp'      # vjp (saved forward), recompute (input + params; less memory); fr replays
   c.pipeline.num_devices = 0   # 0: one device per stage (as many as present); stages then share
   return c
 

@@ -11,6 +11,12 @@ What a stage keeps of an old forward (``keep``):
   'vjp'        the jax.vjp residuals (old activations and the parameters they met): nothing recomputed;
   'recompute'  the stage input and the parameters it met; the forward is recomputed when the
                gradient arrives (same numbers, less memory, one extra forward);
+  'replay'     the stage input only; when the gradient arrives the forward is replayed with the
+               stage's current parameters, in training mode, so BatchNorm statistics move again (FR).
+
+Forward-locked methods (``forward_locked``: DDG, FR) instead push micro-batch t through every stage
+in order during iteration t, with the parameters each stage has before this iteration's update; then
+every stage back-propagates its delayed gradient and updates, all at once.
 A ring slot is a flat tuple of arrays (the vjp closure's leaves; its tree structure is captured when
 the forward is traced), so the state has a fixed structure of plain arrays that checkpoints restore.
 """
@@ -29,7 +35,7 @@ from jaxdecouple.common import Setup, VjpStash, classification_loss, use_split_b
 from jaxdecouple.models import Chain, count_params, subset
 from jaxdecouple.pipeline.splits import Split
 
-KEEPS = ('vjp', 'recompute')
+KEEPS = ('vjp', 'recompute', 'replay')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +45,14 @@ class PipelineSpec:
   delays: tuple[int, ...]   # iterations between a stage's forward and the gradient for it
   keep: str = 'vjp'
   beta: float = 1.0         # gradient shrinking, applied to every non-last stage's incoming gradient
+  forward_locked: bool = False
+
+  def first_forward(self, k: int) -> int:
+    return 0 if self.forward_locked else k
 
   def first_gradient(self, k: int) -> int:
     """The iteration at which stage k first back-propagates: its first forward plus its delay."""
-    return k + self.delays[k]
+    return self.first_forward(k) + self.delays[k]
 
 
 class StageState(NamedTuple):
@@ -73,6 +83,7 @@ class _Stage:
     self.backward_update = jax.jit(self._backward_update, donate_argnums=(0, 1),
                                    static_argnames=('recompute',))
     self.residuals = jax.jit(self._residuals)
+    self.replay = jax.jit(self._replay)
     # The consumed ring slot is donated too: its buffers hold the new slot (same shapes for 'vjp').
     self.backward_forward = jax.jit(self._backward_forward,
                                     donate_argnums=(0, 1, 2, 3) if spec.keep == 'vjp' else (0, 1, 2),
@@ -102,7 +113,7 @@ class _Stage:
       y, vjp_fn, new_stats = self._vjp(params, stats, x)
       return y, new_stats, self._stash.flatten(vjp_fn)
     y, new_stats = self._apply(stats)(params, x)
-    return y, new_stats, (x, params)
+    return y, new_stats, ((x,) if self.spec.keep == 'replay' else (x, params))
 
   def _backward_forward(self, params, opt_state, stats, saved, grad, x, step, recompute: bool):
     """A stage's whole steady-state iteration in one call: backward and update, then forward."""
@@ -110,6 +121,12 @@ class _Stage:
                                                           recompute)
     y, stats, new_saved = self._forward(params, stats, x, step)
     return params, opt_state, stats, input_grad, y, new_saved
+
+  def _replay(self, params, stats, x_old):
+    """keep='replay': the old input's forward replayed with the current parameters (training mode).
+    Returns the vjp residuals and the BatchNorm statistics the replay moved."""
+    _, vjp_fn, new_stats = self._vjp(params, stats, x_old)
+    return self._stash.flatten(vjp_fn), new_stats
 
   def _residuals(self, saved, stats):
     """keep='recompute': the old forward's vjp residuals, recomputed from its input and parameters."""
@@ -222,6 +239,8 @@ class Pipeline:
 
   def step(self, state: PipelineState, batch: Batch, t: int) -> tuple[PipelineState, dict]:
     """Iteration t of the lock-step pipeline (t is the global step, known on the host)."""
+    if self.spec.forward_locked:
+      return self._step_forward_locked(state, batch, t)
     spec, step = self.spec, np.int32(t)
     new_states, sent_up, sent_down, metrics = [], [None] * spec.num_stages, [None] * spec.num_stages, {}
     for k, (stage, st) in enumerate(zip(self.stages, state.stages)):
@@ -262,6 +281,42 @@ class Pipeline:
             grad_inbox=(jax.device_put(sent_down[k + 1], stage.device),))
     return PipelineState(tuple(new_states)), metrics
 
+  def _step_forward_locked(self, state: PipelineState, batch: Batch, t: int):
+    """Iteration t of DDG / FR: micro-batch t through all stages in order, then delayed backwards."""
+    spec, step = self.spec, np.int32(t)
+    new_states, sent_down, metrics = list(state.stages), [None] * spec.num_stages, {}
+    x, labels = jax.device_put((batch.images, batch.labels), self.stages[0].device)
+    consumed = [None] * spec.num_stages
+    for k, (stage, st) in enumerate(zip(self.stages, state.stages)):  # forward phase, in order
+      if stage.last:
+        params, opt_state, stats, sent_down[k], metrics = stage.run_last(
+            st.params, st.opt_state, st.batch_stats, x, labels, step)
+        new_states[k] = st._replace(params=params, opt_state=opt_state, batch_stats=stats)
+        continue
+      slot = t % stage.delay
+      consumed[k] = st.ring[slot]  # the forward of iteration t - delay, read before it is replaced
+      y, stats, saved = stage.forward(st.params, st.batch_stats, x, step)
+      new_states[k] = st._replace(batch_stats=stats, ring=st.ring[:slot] + (saved,) + st.ring[slot + 1:])
+      nxt = self.stages[k + 1].device
+      x, labels = jax.device_put(y, nxt), jax.device_put(labels, nxt)
+    for k, stage in enumerate(self.stages[:-1]):  # backward phase: every stage at once
+      if t < spec.first_gradient(k):
+        continue
+      st = new_states[k]
+      old, recompute, stats = consumed[k], False, st.batch_stats
+      if spec.keep == 'replay':
+        old, stats = stage.replay(st.params, stats, old[0])
+      elif spec.keep == 'recompute':
+        old, recompute = (stage.residuals(old, stats), False) if stage.split_backward else (old, True)
+      params, opt_state, sent_down[k] = stage.backward_update(
+          st.params, st.opt_state, old, st.grad_inbox[0], stats, step, recompute=recompute)
+      new_states[k] = st._replace(params=params, opt_state=opt_state, batch_stats=stats)
+    for k, stage in enumerate(self.stages[:-1]):  # gradients move down for the next iteration
+      if sent_down[k + 1] is not None:
+        new_states[k] = new_states[k]._replace(
+            grad_inbox=(jax.device_put(sent_down[k + 1], stage.device),))
+    return PipelineState(tuple(new_states)), metrics
+
   def eval_variables(self, state: PipelineState) -> dict:
     device = self.devices[0]
     params, stats = {}, {}
@@ -281,7 +336,7 @@ class Pipeline:
           f'  stage {k} on {stage.device}: blocks {names[0]}..{names[-1]} ({len(names)}), '
           f'{count_params(st.params) / 1e6:.3f}M params, est. {costs[k] / 1e6:.1f} MFLOP/8 images '
           f'({100 * costs[k] / total:.0f}%), delay {0 if stage.last else stage.delay}, '
-          f'first update at iteration {k if stage.last else self.spec.first_gradient(k)}'
+          f'first update at iteration {self.spec.first_forward(k) if stage.last else self.spec.first_gradient(k)}'
           + (f', sends {self.message_bytes[k] / 1e6:.2f} MB/step to stage {k + 1}'
              if not stage.last else ''))
     return lines

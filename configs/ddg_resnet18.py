@@ -1,0 +1,12 @@
+"""DDG (decoupled parallel back-propagation) K=2 on CIFAR-10 resnet18, the FDG paper's recipe (300 epochs).
+
+python main.py --config=configs/ddg_resnet18.py --config.data.path=cifar10.npz
+
+Paper (test error, rerun by the FDG authors): DDG 5.00% (K=2). --config.pipeline.num_stages=3 or 4 gives the
+paper's Table 4 rows (add --config.optim.warmup=constant --config.optim.warmup_epochs=3 as the paper did).
+"""
+from jaxdecouple.recipes import fdg_paper
+
+
+def get_config():
+  return fdg_paper('ddg', 'resnet18', 'cifar10', num_stages=2, warmup=False)

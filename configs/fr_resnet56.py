@@ -1,0 +1,12 @@
+"""FR (features replay) K=2 on CIFAR-10 resnet56, the FDG paper's recipe (300 epochs).
+
+python main.py --config=configs/fr_resnet56.py --config.data.path=cifar10.npz
+
+Paper (test error, rerun by the FDG authors): FR 6.07% (K=2), 6.33% (K=3), 6.48% (K=4). --config.pipeline.num_stages=3 or 4 gives the
+paper's Table 4 rows (add --config.optim.warmup=constant --config.optim.warmup_epochs=3 as the paper did).
+"""
+from jaxdecouple.recipes import fdg_paper
+
+
+def get_config():
+  return fdg_paper('fr', 'resnet56', 'cifar10', num_stages=2, warmup=False)
