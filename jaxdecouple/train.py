@@ -7,7 +7,6 @@ method's business (jaxdecouple.methods). Metrics stay on the device and are fetc
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import time

@@ -66,3 +66,53 @@ def assert_trees_close(a, b, tol):
     scale = max(float(np.max(np.abs(y))), 0.1)
     err = float(np.max(np.abs(x - y)))
     assert err <= tol * scale, f'{jax.tree_util.keystr(path[0])}: max error {err:.3g} > {tol} x {scale:.3g}'
+
+
+class SequentialStages:
+  """Scaffolding shared by the sequential references of the pipeline methods: the run's data, the
+  model cut into the config's stages with the same initial parameters, and a plain SGD step
+  (weight decay 5e-4 added to the gradient, momentum 0.9, no dampening), written out here."""
+
+  def __init__(self, config):
+    import jax.numpy as jnp
+    from jaxdecouple.data import Preprocess, TrainOrder, load_dataset
+    from jaxdecouple.models import build_model, subset
+    from jaxdecouple.pipeline import choose_split
+    self.config = config
+    self.ds = load_dataset(config.data, config.dataset)
+    model = build_model(config.model, self.ds.num_classes)
+    variables = model.init(jax.random.key(config.seed), jnp.zeros((1, *self.ds.image_shape)))
+    k = config.pipeline.num_stages
+    self.stages = model.cut(choose_split(model, k, config.pipeline.split, self.ds.image_shape).boundaries)
+    self.params = [subset(variables, s.names)['params'] for s in self.stages]
+    self.stats = [subset(variables, s.names).get('batch_stats', {}) for s in self.stages]
+    self.momentum = [jax.tree.map(jnp.zeros_like, p) for p in self.params]
+    self.order = TrainOrder(len(self.ds.x_train), config.batch_size, config.seed)
+    self.pre = Preprocess(self.ds.mean, self.ds.std, 4, True, True)
+
+  def batch(self, t):
+    """Micro-batch t: augmented inputs (keyed by t, as in training) and labels."""
+    import jax.numpy as jnp
+    from jaxdecouple.data import train_inputs
+    idx = self.order.indices(t)
+    return (train_inputs(jnp.asarray(self.ds.x_train[idx]), t, self.config.seed, self.pre),
+            jnp.asarray(self.ds.y_train[idx]))
+
+  def lr(self, t):
+    c = self.config
+    return c.optim.learning_rate * (0.1 if t >= c.optim.milestones[0] * self.order.steps_per_epoch else 1.0)
+
+  def run(self, k, params, x, stats):
+    return self.stages[k].apply({'params': params, 'batch_stats': stats}, x, train=True)
+
+  def sgd(self, k, grads, lr):
+    grads = jax.tree.map(lambda g, p: g + 5e-4 * p, grads, self.params[k])
+    self.momentum[k] = jax.tree.map(lambda m, g: 0.9 * m + g, self.momentum[k], grads)
+    self.params[k] = jax.tree.map(lambda p, m: p - lr * m, self.params[k], self.momentum[k])
+
+  def variables(self):
+    merged = {'params': {}, 'batch_stats': {}}
+    for p, s in zip(self.params, self.stats):
+      merged['params'].update(p)
+      merged['batch_stats'].update(s)
+    return merged

@@ -8,7 +8,6 @@ import types
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from PIL import Image

@@ -1,14 +1,10 @@
 """DDG and features replay against sequential references of their definitions."""
 import jax
-import jax.numpy as jnp
 import optax
 import pytest
 
-from conftest import assert_trees_close, assert_trees_equal, tiny_config
-from jaxdecouple.data import Preprocess, TrainOrder, load_dataset, train_inputs
+from conftest import SequentialStages, assert_trees_close, assert_trees_equal, tiny_config
 from jaxdecouple.errors import ConfigError
-from jaxdecouple.models import build_model, subset
-from jaxdecouple.pipeline import choose_split
 from jaxdecouple.train import train_and_evaluate
 
 
@@ -25,40 +21,21 @@ def reference_forward_locked(config, steps, replay):
   parameters, which updates BatchNorm's running statistics again. Then it updates.
   """
   K = config.pipeline.num_stages
-  ds = load_dataset(config.data, config.dataset)
-  model = build_model(config.model, ds.num_classes)
-  variables = model.init(jax.random.key(config.seed), jnp.zeros((1, *ds.image_shape)))
-  stages = model.cut(choose_split(model, K, config.pipeline.split, ds.image_shape).boundaries)
-  params = [subset(variables, s.names)['params'] for s in stages]
-  stats = [subset(variables, s.names).get('batch_stats', {}) for s in stages]
-  momentum = [jax.tree.map(jnp.zeros_like, p) for p in params]
-  order = TrainOrder(len(ds.x_train), config.batch_size, config.seed)
-  pre = Preprocess(ds.mean, ds.std, 4, True, True)
-  spe = order.steps_per_epoch
+  ref = SequentialStages(config)
   inputs, met, deltas = [{} for _ in range(K)], [{} for _ in range(K)], [{} for _ in range(K)]
-
-  def sgd(k, grads, lr):
-    grads = jax.tree.map(lambda g, p: g + 5e-4 * p, grads, params[k])
-    momentum[k] = jax.tree.map(lambda m, g: 0.9 * m + g, momentum[k], grads)
-    params[k] = jax.tree.map(lambda p, m: p - lr * m, params[k], momentum[k])
-
-  def run(k, p, x, s):
-    return stages[k].apply({'params': p, 'batch_stats': s}, x, train=True)
-
   for t in range(steps):
-    lr = config.optim.learning_rate * (0.1 if t >= config.optim.milestones[0] * spe else 1.0)
-    idx = order.indices(t)
-    inputs[0][t] = train_inputs(jnp.asarray(ds.x_train[idx]), t, config.seed, pre)
-    labels = jnp.asarray(ds.y_train[idx])
+    lr = ref.lr(t)
+    inputs[0][t], labels = ref.batch(t)
     for k in range(K - 1):
-      met[k][t] = params[k]
-      inputs[k + 1][t], stats[k] = run(k, params[k], inputs[k][t], stats[k])
+      met[k][t] = ref.params[k]
+      inputs[k + 1][t], ref.stats[k] = ref.run(k, ref.params[k], inputs[k][t], ref.stats[k])
 
     def loss(p, x):
-      logits, new = run(K - 1, p, x, stats[K - 1])
+      logits, new = ref.run(K - 1, p, x, ref.stats[K - 1])
       return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(), new
-    (gp, gx), stats[K - 1] = jax.grad(loss, argnums=(0, 1), has_aux=True)(params[K - 1], inputs[K - 1][t])
-    sgd(K - 1, gp, lr)
+    (gp, gx), ref.stats[K - 1] = jax.grad(loss, argnums=(0, 1), has_aux=True)(
+        ref.params[K - 1], inputs[K - 1][t])
+    ref.sgd(K - 1, gp, lr)
     if K > 1:
       deltas[K - 2][t] = gx
     for k in range(K - 1):
@@ -66,19 +43,15 @@ def reference_forward_locked(config, steps, replay):
       if m < 0:
         continue
       if replay:
-        _, vjp, stats[k] = jax.vjp(lambda p, x: run(k, p, x, stats[k]), params[k], inputs[k][m],
-                                   has_aux=True)
+        _, vjp, ref.stats[k] = jax.vjp(lambda p, x: ref.run(k, p, x, ref.stats[k]), ref.params[k],
+                                       inputs[k][m], has_aux=True)
       else:
-        _, vjp = jax.vjp(lambda p, x: run(k, p, x, stats[k])[0], met[k][m], inputs[k][m])
+        _, vjp = jax.vjp(lambda p, x: ref.run(k, p, x, ref.stats[k])[0], met[k][m], inputs[k][m])
       gp, gx = vjp(config.pipeline.beta * deltas[k][m])
-      sgd(k, gp, lr)
+      ref.sgd(k, gp, lr)
       if k > 0:
         deltas[k - 1][m] = gx
-  merged = {'params': {}, 'batch_stats': {}}
-  for p, s in zip(params, stats):
-    merged['params'].update(p)
-    merged['batch_stats'].update(s)
-  return merged
+  return ref.variables()
 
 
 @pytest.mark.parametrize('method,k', [('ddg', 2), ('ddg', 3), ('fr', 2), ('fr', 3)])
@@ -115,5 +88,5 @@ def test_resume_is_exact(method, workdir, tmp_path):
 
 
 def test_replay_is_only_for_fr(workdir):
-  with pytest.raises(ConfigError, match="config.pipeline.keep: 'replay' is features replay"):
+  with pytest.raises(ConfigError, match="config.pipeline.keep: 'replay' is not allowed for ddg.*method 'fr'"):
     train_and_evaluate(locked_config('ddg', 2, **{'pipeline.keep': 'replay'}), workdir)

@@ -1,14 +1,9 @@
 """FDG against a sequential reference of its definition, plus the pipeline invariants."""
 import jax
-import jax.numpy as jnp
-import numpy as np
 import optax
 import pytest
 
-from conftest import assert_trees_close, assert_trees_equal, tiny_config
-from jaxdecouple.data import Preprocess, TrainOrder, load_dataset, train_inputs
-from jaxdecouple.models import build_model, subset
-from jaxdecouple.pipeline import choose_split
+from conftest import SequentialStages, assert_trees_close, assert_trees_equal, tiny_config
 from jaxdecouple.train import train_and_evaluate
 
 
@@ -30,35 +25,14 @@ def reference_fdg(config, steps):
   forward met; beta multiplies every non-last stage's incoming gradient.
   """
   K, beta = config.pipeline.num_stages, config.pipeline.beta
-  ds = load_dataset(config.data, config.dataset)
-  model = build_model(config.model, ds.num_classes)
-  variables = model.init(jax.random.key(config.seed), jnp.zeros((1, *ds.image_shape)))
-  split = choose_split(model, K, config.pipeline.split, ds.image_shape)
-  stages = model.cut(split.boundaries)
-  params = [subset(variables, s.names)['params'] for s in stages]
-  stats = [subset(variables, s.names).get('batch_stats', {}) for s in stages]
-  momentum = [jax.tree.map(jnp.zeros_like, p) for p in params]
-  order = TrainOrder(len(ds.x_train), config.batch_size, config.seed)
-  pre = Preprocess(ds.mean, ds.std, 4, True, True)
-  spe = order.steps_per_epoch
+  ref = SequentialStages(config)
   inputs = [{} for _ in range(K)]        # inputs[k][m]: stage k's input for micro-batch m
   met = [{} for _ in range(K)]           # met[k][m]: the parameters stage k's forward of m used
   deltas = [{} for _ in range(K)]        # deltas[k][m]: gradient w.r.t. stage k's output for m
   labels = {}
-
-  def sgd(k, grads, lr):
-    grads = jax.tree.map(lambda g, p: g + 5e-4 * p, grads, params[k])
-    momentum[k] = jax.tree.map(lambda m, g: 0.9 * m + g, momentum[k], grads)
-    params[k] = jax.tree.map(lambda p, m: p - lr * m, params[k], momentum[k])
-
-  def run(k, p, x, s):
-    return stages[k].apply({'params': p, 'batch_stats': s}, x, train=True)
-
   for t in range(steps):
-    lr = config.optim.learning_rate * (0.1 if t >= config.optim.milestones[0] * spe else 1.0)
-    idx = order.indices(t)
-    inputs[0][t] = train_inputs(jnp.asarray(ds.x_train[idx]), t, config.seed, pre)
-    labels[t] = jnp.asarray(ds.y_train[idx])
+    lr = ref.lr(t)
+    inputs[0][t], labels[t] = ref.batch(t)
     for k in range(K):
       if k == K - 1:
         m = t - (K - 1)
@@ -66,31 +40,25 @@ def reference_fdg(config, steps):
           continue
 
         def loss(p, x):
-          logits, new = run(k, p, x, stats[k])
+          logits, new = ref.run(k, p, x, ref.stats[k])
           return optax.softmax_cross_entropy_with_integer_labels(logits, labels[m]).mean(), new
-        (gp, gx), new = jax.grad(loss, argnums=(0, 1), has_aux=True)(params[k], inputs[k][m])
-        stats[k] = new
-        sgd(k, gp, lr)
+        (gp, gx), ref.stats[k] = jax.grad(loss, argnums=(0, 1), has_aux=True)(ref.params[k], inputs[k][m])
+        ref.sgd(k, gp, lr)
         if k > 0:
           deltas[k - 1][m] = gx
         continue
       m = t - 2 * K + 2 + k
       if m >= 0:
-        _, vjp = jax.vjp(lambda p, x: run(k, p, x, stats[k])[0], met[k][m], inputs[k][m])
+        _, vjp = jax.vjp(lambda p, x: ref.run(k, p, x, ref.stats[k])[0], met[k][m], inputs[k][m])
         gp, gx = vjp(beta * deltas[k][m])
-        sgd(k, gp, lr)
+        ref.sgd(k, gp, lr)
         if k > 0:
           deltas[k - 1][m] = gx
       m = t - k
       if m >= 0:
-        met[k][m] = params[k]
-        y, stats[k] = run(k, params[k], inputs[k][m], stats[k])
-        inputs[k + 1][m] = y
-  merged = {'params': {}, 'batch_stats': {}}
-  for p, s in zip(params, stats):
-    merged['params'].update(p)
-    merged['batch_stats'].update(s)
-  return merged
+        met[k][m] = ref.params[k]
+        inputs[k + 1][m], ref.stats[k] = ref.run(k, ref.params[k], inputs[k][m], ref.stats[k])
+  return ref.variables()
 
 
 @pytest.mark.parametrize('k', [2, 3, 4])

@@ -1,5 +1,4 @@
 """The training loop: BP against a sequential reference, outputs, exact resume, damaged checkpoints."""
-import json
 import os
 import signal
 import subprocess
@@ -10,7 +9,6 @@ import types
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import pytest
 

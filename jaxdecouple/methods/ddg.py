@@ -4,19 +4,12 @@ The forward stays locked: micro-batch t goes through all stages in order during 
 parameters each stage has before this iteration's update. The backward is decoupled: stage k
 back-propagates, through the forward it kept, a gradient K-1-k iterations old, then updates.
 """
-from jaxdecouple.config import fail
 from jaxdecouple.methods.pipelined import PipelineMethod
 from jaxdecouple.pipeline import PipelineSpec
 
 
 class DDG(PipelineMethod):
   name = 'ddg'
-
-  @classmethod
-  def validate(cls, config) -> None:
-    super().validate(config)
-    if config.pipeline.keep == 'replay':
-      fail('pipeline.keep', "'replay' is features replay (method 'fr'); ddg keeps 'vjp' or 'recompute'")
 
   def spec(self, num_stages: int) -> PipelineSpec:
     p = self.setup.config.pipeline

@@ -3,19 +3,12 @@
 Stage k back-propagates a gradient 2(K-1-k) iterations old, shrunk by beta, then updates, then
 forwards its new input; the last stage is plain SGD. K = 1 is back-propagation.
 """
-from jaxdecouple.config import fail
 from jaxdecouple.methods.pipelined import PipelineMethod
 from jaxdecouple.pipeline import PipelineSpec
 
 
 class FDG(PipelineMethod):
   name = 'fdg'
-
-  @classmethod
-  def validate(cls, config) -> None:
-    super().validate(config)
-    if config.pipeline.keep == 'replay':
-      fail('pipeline.keep', "'replay' is features replay (method 'fr'); fdg keeps 'vjp' or 'recompute'")
 
   def spec(self, num_stages: int) -> PipelineSpec:
     p = self.setup.config.pipeline

@@ -10,6 +10,7 @@ from jaxdecouple.pipeline import PipelineSpec
 
 class FR(PipelineMethod):
   name = 'fr'
+  allowed_keeps = ('vjp', 'recompute', 'replay')  # ignored: FR always keeps its inputs and replays
 
   def spec(self, num_stages: int) -> PipelineSpec:
     delays = tuple(num_stages - 1 - k for k in range(num_stages))

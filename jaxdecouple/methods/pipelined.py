@@ -9,11 +9,12 @@ from jaxdecouple.config import fail
 from jaxdecouple.data import Batch
 from jaxdecouple.methods.base import Method, Setup
 from jaxdecouple.models import build_model
-from jaxdecouple.pipeline import KEEPS, Pipeline, PipelineSpec, choose_split
+from jaxdecouple.pipeline import Pipeline, PipelineSpec, choose_split
 
 
 class PipelineMethod(Method):
   """A method that is one configuration of the pipeline engine; subclasses give ``spec``."""
+  allowed_keeps: tuple[str, ...] = ('vjp', 'recompute')  # what pipeline.keep may say
 
   @abc.abstractmethod
   def spec(self, num_stages: int) -> PipelineSpec:
@@ -26,8 +27,10 @@ class PipelineMethod(Method):
       fail('pipeline.num_stages', f'must be at least 1, got {p.num_stages}')
     if not 0 < p.beta <= 1:
       fail('pipeline.beta', f'must be in (0, 1], got {p.beta}')
-    if p.keep not in KEEPS:
-      fail('pipeline.keep', f'{p.keep!r} is not allowed; choose one of: {", ".join(KEEPS)}')
+    if p.keep not in cls.allowed_keeps:
+      hint = " ('replay' is features replay: method 'fr')" if p.keep == 'replay' else ''
+      fail('pipeline.keep', f'{p.keep!r} is not allowed for {cls.name}; choose one of: '
+           f'{", ".join(cls.allowed_keeps)}{hint}')
     if p.num_devices < 0:
       fail('pipeline.num_devices', f'must be non-negative (0: one per stage), got {p.num_devices}')
     blocks = len(build_model(config.model, 10).block_names)
