@@ -88,7 +88,8 @@ class SequentialStages:
     self.stats = [subset(variables, s.names).get('batch_stats', {}) for s in self.stages]
     self.momentum = [jax.tree.map(jnp.zeros_like, p) for p in self.params]
     self.order = TrainOrder(len(self.ds.x_train), config.batch_size, config.seed)
-    self.pre = Preprocess(self.ds.mean, self.ds.std, 4, True, True)
+    self.pre = Preprocess(self.ds.mean, self.ds.std, config.data.crop_padding, config.data.flip,
+                          config.data.augment)
 
   def batch(self, t):
     """Micro-batch t: augmented inputs (keyed by t, as in training) and labels."""
