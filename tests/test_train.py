@@ -184,3 +184,16 @@ def test_sigterm_saves_a_checkpoint_and_resumes_exactly(workdir, tmp_path):
   resumed = train_and_evaluate(tiny_config(checkpoint_every_steps=0), workdir)
   whole = train_and_evaluate(tiny_config(checkpoint_every_steps=0), str(tmp_path / 'whole'))
   assert_trees_equal(resumed.state, whole.state)
+
+
+def test_peak_memory_is_reported_where_the_backend_has_it():
+  from jaxdecouple.train import peak_memory
+
+  class Device:
+    def __init__(self, id, stats):
+      self.platform, self.id, self._stats = 'gpu', id, stats
+
+    def memory_stats(self):
+      return self._stats
+  out = peak_memory([Device(0, {'peak_bytes_in_use': 3 * 2**30}), Device(1, None)] + jax.devices()[:1])
+  assert out == {'peak_memory_gb_gpu0': 3.0}  # no stats (None, or the CPU): nothing reported
