@@ -2,8 +2,7 @@
 
 python main.py --config=configs/fr_resnet18.py --config.data.path=cifar10.npz
 
-Paper (test error, rerun by the FDG authors): FR 4.80% (K=2). --config.pipeline.num_stages=3 or 4 gives the
-paper's Table 4 rows (add --config.optim.warmup=constant --config.optim.warmup_epochs=3 as the paper did).
+Paper (test error, rerun by the FDG authors): FR 4.80% (K=2).
 """
 from jaxdecouple.recipes import fdg_paper
 

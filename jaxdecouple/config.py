@@ -67,6 +67,8 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.pipeline.split = 'auto'    # auto (reference, else balanced), reference, balanced, or 's2b4,s3b0'
   c.pipeline.keep = 'vjp'      # vjp (saved forward), recompute (input + params; less memory); fr replays
   c.pipeline.num_devices = 0   # 0: one device per stage (as many as present); stages then share
+  c.pipeline.accumulation = 1  # adl: M delayed backwards summed into one update
+  c.pipeline.adl_mode = 'B'    # adl: B = update, then forward; A = forward with pre-update parameters
   return c
 
 

@@ -15,6 +15,7 @@ from jaxdecouple.pipeline import Pipeline, PipelineSpec, choose_split
 class PipelineMethod(Method):
   """A method that is one configuration of the pipeline engine; subclasses give ``spec``."""
   allowed_keeps: tuple[str, ...] = ('vjp', 'recompute')  # what pipeline.keep may say
+  accumulates = False  # whether pipeline.accumulation and pipeline.adl_mode mean anything here
 
   @abc.abstractmethod
   def spec(self, num_stages: int) -> PipelineSpec:
@@ -31,6 +32,10 @@ class PipelineMethod(Method):
       hint = " ('replay' is features replay: method 'fr')" if p.keep == 'replay' else ''
       fail('pipeline.keep', f'{p.keep!r} is not allowed for {cls.name}; choose one of: '
            f'{", ".join(cls.allowed_keeps)}{hint}')
+    if not cls.accumulates and (p.accumulation != 1 or p.adl_mode != 'B'):
+      fail('pipeline.accumulation' if p.accumulation != 1 else 'pipeline.adl_mode',
+           f"only method 'adl' accumulates gradients; {cls.name} needs the defaults "
+           "(accumulation=1, adl_mode='B')")
     if p.num_devices < 0:
       fail('pipeline.num_devices', f'must be non-negative (0: one per stage), got {p.num_devices}')
     blocks = len(build_model(config.model, 10).block_names)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from jaxdecouple.models.core import Chain, Model, count_params, merge, subset
-from jaxdecouple.models.resnet import cifar_resnet, preact_resnet, resnet18, wide_resnet
+from jaxdecouple.models.resnet import AuxHead, adaptive_avg_pool, cifar_resnet, preact_resnet, resnet18, wide_resnet
 
 MODEL_HELP = ('resnet{6n+2} (e.g. resnet20, resnet56, resnet110), resnet18, wrn{6n+4}_{k} (e.g. wrn28_10), '
               'preact101, preact_s3_{n}, preact_tiny')
@@ -45,5 +45,5 @@ def is_valid_model_name(name: str) -> bool:
   return True
 
 
-__all__ = ['Chain', 'Model', 'build_model', 'count_params', 'merge', 'subset', 'MODEL_HELP',
+__all__ = ['AuxHead', 'Chain', 'Model', 'adaptive_avg_pool', 'build_model', 'count_params', 'merge', 'subset', 'MODEL_HELP',
            'is_valid_model_name']

@@ -9,7 +9,9 @@ from __future__ import annotations
 import functools
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from jaxdecouple.models.core import Chain, Model
@@ -153,3 +155,35 @@ def preact_resnet(depths: Sequence[int], num_classes: int, widths=(64, 128, 256,
   chain, where = _chain(Stem(widths[0], norm=False), _sections(PreActBlock, depths, widths),
                         Head(num_classes, norm=True))
   return Model(name or 'preact_' + '_'.join(map(str, depths)), chain, num_classes, where)
+
+
+def adaptive_avg_pool(x: jax.Array, size: int) -> jax.Array:
+  """PyTorch's AdaptiveAvgPool2d on NHWC: output cell i averages rows floor(i*H/size) to
+  ceil((i+1)*H/size) (bins overlap when ``size`` does not divide H), likewise for columns."""
+  def bins(n: int) -> np.ndarray:
+    m = np.zeros((size, n), np.float32)
+    for i in range(size):
+      lo, hi = (i * n) // size, -(-((i + 1) * n) // size)
+      m[i, lo:hi] = 1.0 / (hi - lo)
+    return m
+  return jnp.einsum('ih,bhwc,jw->bijc', bins(x.shape[1]), x, bins(x.shape[2]))
+
+
+class AuxHead(nn.Module):
+  """DGL's auxiliary classifier as the ADL code builds it: adaptive average pool to ceil(H/4),
+  three (1x1 convolution, BN, ReLU) layers keeping the channels, adaptive average pool to
+  min(ceil(H/4), 2), flatten, three (linear, BN, ReLU) layers keeping the width, linear classifier."""
+  num_classes: int
+  bn_axis: str | None = None  # see batch_norm
+
+  @nn.compact
+  def __call__(self, x, train: bool = True):
+    size = -(-x.shape[1] // 4)
+    x = adaptive_avg_pool(x, size)
+    for _ in range(3):
+      x = nn.relu(batch_norm(train, self.bn_axis)(Conv(x.shape[-1], (1, 1))(x)))
+    x = adaptive_avg_pool(x, min(size, 2))
+    x = x.reshape(x.shape[0], -1)
+    for _ in range(3):
+      x = nn.relu(batch_norm(train, self.bn_axis)(nn.Dense(x.shape[-1], use_bias=False)(x)))
+    return nn.Dense(self.num_classes)(x)

@@ -17,12 +17,22 @@ What a stage keeps of an old forward (``keep``):
 Forward-locked methods (``forward_locked``: DDG, FR) instead push micro-batch t through every stage
 in order during iteration t, with the parameters each stage has before this iteration's update; then
 every stage back-propagates its delayed gradient and updates, all at once.
+
+Accumulation (``accumulation`` = M > 1, ADL): a stage sums the parameter gradients of M consecutive
+backwards in an accumulator (part of its state) and takes one optimizer step per M of them, its
+count starting at its first gradient; ``forward_first`` (ADL's mode A) forwards the new micro-batch
+with the parameters from before this iteration's update instead of after it.
+
+Local heads (``local_heads``, DGL): no gradient crosses a stage boundary. Every stage but the last
+has an auxiliary classifier and takes, on each new input, one SGD step of itself and its head on the
+head's loss; the output it sends up comes from that same forward and is a constant to the next stage.
 A ring slot is a flat tuple of arrays (the vjp closure's leaves; its tree structure is captured when
 the forward is traced), so the state has a fixed structure of plain arrays that checkpoints restore.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from typing import Any, NamedTuple, Sequence
 
@@ -32,7 +42,7 @@ import numpy as np
 
 from jaxdecouple.data import Batch, train_inputs
 from jaxdecouple.common import Setup, VjpStash, classification_loss, use_split_backward
-from jaxdecouple.models import Chain, count_params, subset
+from jaxdecouple.models import AuxHead, Chain, count_params, subset
 from jaxdecouple.pipeline.splits import Split
 
 KEEPS = ('vjp', 'recompute', 'replay')
@@ -46,6 +56,9 @@ class PipelineSpec:
   keep: str = 'vjp'
   beta: float = 1.0         # gradient shrinking, applied to every non-last stage's incoming gradient
   forward_locked: bool = False
+  accumulation: int = 1     # M: backwards summed into one optimizer step (ADL)
+  forward_first: bool = False  # forward with the pre-update parameters (ADL's mode A)
+  local_heads: bool = False    # each non-last stage trains on its own auxiliary classifier (DGL)
 
   def first_forward(self, k: int) -> int:
     return 0 if self.forward_locked else k
@@ -53,6 +66,41 @@ class PipelineSpec:
   def first_gradient(self, k: int) -> int:
     """The iteration at which stage k first back-propagates: its first forward plus its delay."""
     return self.first_forward(k) + self.delays[k]
+
+  def backward_starts(self, k: int) -> int:
+    """The iteration of stage k's first backward (the last stage's: its first input)."""
+    return self.first_forward(k) if k == self.num_stages - 1 else self.first_gradient(k)
+
+  def updates_at(self, k: int, t: int) -> bool:
+    """Whether stage k takes an optimizer step at iteration t (after that iteration's backward).
+
+    Every M-th backward, counting from the stage's first. The last stage additionally takes none
+    before stage K-2 has been sent its first gradient (ADL); in this lock-step schedule that never
+    holds an update back, because the last stage sends that gradient with its own first backward.
+    """
+    first = self.backward_starts(k)
+    if t < first or (t - first + 1) % self.accumulation:
+      return False
+    if k == self.num_stages - 1 and k > 0:
+      return t >= self.first_gradient(k - 1) - 1
+    return True
+
+  def first_update(self, k: int) -> int:
+    return next(u for u in itertools.count(self.backward_starts(k)) if self.updates_at(k, u))
+
+  def staleness(self, k: int) -> tuple[int, float]:
+    """Stage k's staleness: (iterations between a forward and its backward, mean number of
+    optimizer steps the stage takes between that forward and the step its gradient enters)."""
+    delay = 0 if k == self.num_stages - 1 else self.delays[k]
+    first, m = self.backward_starts(k), self.accumulation
+    steps = [u for u in range(first + 4 * m * (delay + 1) + m) if self.updates_at(k, u)]
+    counts = []
+    for t in range(first + 2 * m * (delay + 1), first + 3 * m * (delay + 1)):  # the steady state
+      enters = min(u for u in steps if u >= t)
+      forward = t - delay  # it met the parameters after that iteration's step, unless forward_first
+      counts.append(sum(1 for u in steps if (u >= forward if self.forward_first else u > forward)
+                        and u < enters))
+    return delay, sum(counts) / len(counts)
 
 
 class StageState(NamedTuple):
@@ -62,6 +110,8 @@ class StageState(NamedTuple):
   ring: tuple          # delay_k slots, each a tuple of arrays (empty for the last stage)
   inbox: tuple         # (activation, labels) sent by stage k-1 last iteration; () for stage 0
   grad_inbox: tuple    # (gradient,) sent by stage k+1 last iteration; () for the last stage
+  accum: Any = ()      # summed parameter gradients not yet applied (accumulation > 1), else ()
+  aux: Any = ()        # local_heads: the auxiliary head's (params, batch_stats, opt_state), else ()
 
 
 class PipelineState(NamedTuple):
@@ -76,21 +126,26 @@ class _Stage:
     self.first = index == 0
     self.last = index == spec.num_stages - 1
     self.delay = spec.delays[index]
+    self.input_grad = not self.first and not spec.local_heads  # whether it sends a gradient down
     self.split_backward = use_split_backward(setup.config)
     self._stash = VjpStash()       # ring slots: the kept forward's vjp closure as flat arrays
     self._last_stash = VjpStash()  # the last stage's loss vjp, when its step is split in two calls
     self.forward = jax.jit(self._forward, donate_argnums=(1,))
-    self.backward_update = jax.jit(self._backward_update, donate_argnums=(0, 1),
-                                   static_argnames=('recompute',))
+    self.backward_update = jax.jit(self._backward_update, donate_argnums=(0, 1, 2),
+                                   static_argnames=('recompute', 'apply'))
     self.residuals = jax.jit(self._residuals)
     self.replay = jax.jit(self._replay)
     # The consumed ring slot is donated too: its buffers hold the new slot (same shapes for 'vjp').
     self.backward_forward = jax.jit(self._backward_forward,
-                                    donate_argnums=(0, 1, 2, 3) if spec.keep == 'vjp' else (0, 1, 2),
-                                    static_argnames=('recompute',))
-    self.last_step = jax.jit(self._last_step, donate_argnums=(0, 1, 2))
+                                    donate_argnums=(0, 1, 2, 3, 4) if spec.keep == 'vjp' else (0, 1, 2, 3),
+                                    static_argnames=('recompute', 'apply'))
+    self.last_step = jax.jit(self._last_step, donate_argnums=(0, 1, 2, 3), static_argnames=('apply',))
     self.last_forward = jax.jit(self._last_forward, donate_argnums=(1,))
-    self.last_backward = jax.jit(self._last_backward, donate_argnums=(0, 1))
+    self.last_backward = jax.jit(self._last_backward, donate_argnums=(0, 1, 2), static_argnames=('apply',))
+    self.aux_head = AuxHead(setup.model.num_classes) if spec.local_heads and not self.last else None
+    self.local_step = jax.jit(self._local_step, donate_argnums=(0, 1, 2, 3))
+    self.local_forward = jax.jit(self._local_forward, donate_argnums=(2, 3))
+    self.local_backward = jax.jit(self._local_backward, donate_argnums=(0, 1, 2))
 
   def _inputs(self, x, step):
     s = self.setup
@@ -115,12 +170,17 @@ class _Stage:
     y, new_stats = self._apply(stats)(params, x)
     return y, new_stats, ((x,) if self.spec.keep == 'replay' else (x, params))
 
-  def _backward_forward(self, params, opt_state, stats, saved, grad, x, step, recompute: bool):
-    """A stage's whole steady-state iteration in one call: backward and update, then forward."""
-    params, opt_state, input_grad = self._backward_update(params, opt_state, saved, grad, stats, step,
-                                                          recompute)
-    y, stats, new_saved = self._forward(params, stats, x, step)
-    return params, opt_state, stats, input_grad, y, new_saved
+  def _backward_forward(self, params, opt_state, accum, stats, saved, grad, x, step, recompute: bool,
+                        apply: bool):
+    """A stage's whole steady-state iteration in one call: backward and update, then forward (or,
+    with ``forward_first``, the forward with the parameters from before the update)."""
+    if self.spec.forward_first:
+      y, new_stats, new_saved = self._forward(params, stats, x, step)
+    params, opt_state, accum, input_grad = self._backward_update(params, opt_state, accum, saved, grad,
+                                                                 stats, step, recompute, apply)
+    if not self.spec.forward_first:
+      y, new_stats, new_saved = self._forward(params, stats, x, step)
+    return params, opt_state, accum, new_stats, input_grad, y, new_saved
 
   def _replay(self, params, stats, x_old):
     """keep='replay': the old input's forward replayed with the current parameters (training mode).
@@ -133,8 +193,20 @@ class _Stage:
     x_old, params_old = saved
     return self._stash.flatten(self._vjp(params_old, stats, x_old)[1])
 
-  def _backward_update(self, params, opt_state, saved, grad, stats, step, recompute: bool):
-    """Back-propagates beta * grad through the kept forward, then takes one SGD step.
+  def _update(self, grads, opt_state, params, accum, step, apply: bool):
+    """Adds ``grads`` to the accumulator; with ``apply``, one optimizer step with the sum (without
+    accumulation: one step with ``grads``)."""
+    if self.spec.accumulation > 1:
+      grads = jax.tree.map(jnp.add, accum, grads)
+      if not apply:
+        return params, opt_state, grads
+      accum = jax.tree.map(jnp.zeros_like, grads)
+    params, opt_state = self.setup.optimizer.update(grads, opt_state, params, self.setup.schedule(step))
+    return params, opt_state, accum
+
+  def _backward_update(self, params, opt_state, accum, saved, grad, stats, step, recompute: bool,
+                       apply: bool = True):
+    """Back-propagates beta * grad through the kept forward, then updates (see ``_update``).
 
     ``saved`` is the vjp residuals, or with ``recompute`` the old input and parameters, whose
     forward is then recomputed in this same call (see common.use_split_backward for why the CPU
@@ -148,9 +220,8 @@ class _Stage:
       vjp_fn = self._stash.unflatten(saved)
     grads = vjp_fn(grad)
     param_grads, input_grad = (grads[0], None) if self.first else grads
-    params, opt_state = self.setup.optimizer.update(param_grads, opt_state, params,
-                                                    self.setup.schedule(step))
-    return params, opt_state, input_grad
+    params, opt_state, accum = self._update(param_grads, opt_state, params, accum, step, apply)
+    return params, opt_state, accum, input_grad
 
   def _last_loss(self, stats, labels):
     def loss_fn(p, x):
@@ -159,44 +230,97 @@ class _Stage:
       return loss, (new_stats, accuracy)
     return loss_fn
 
-  def _last_update(self, grads, opt_state, params, step):
-    param_grads, input_grad = (grads[0], None) if self.first else grads
-    lr = self.setup.schedule(step)
-    params, opt_state = self.setup.optimizer.update(param_grads, opt_state, params, lr)
-    return params, opt_state, input_grad, lr
+  def _last_update(self, grads, opt_state, accum, params, step, apply):
+    param_grads, input_grad = grads if self.input_grad else (grads[0], None)
+    params, opt_state, accum = self._update(param_grads, opt_state, params, accum, step, apply)
+    return params, opt_state, accum, input_grad, self.setup.schedule(step)
 
-  def _last_step(self, params, opt_state, stats, x, labels, step):
+  def _last_step(self, params, opt_state, accum, stats, x, labels, step, apply: bool):
     """The last stage: plain SGD on its input, and the gradient with respect to that input."""
     x = self._inputs(x, step)
-    argnums = (0,) if self.first else (0, 1)
+    argnums = (0, 1) if self.input_grad else (0,)
     (loss, (new_stats, accuracy)), grads = jax.value_and_grad(
         self._last_loss(stats, labels), argnums, has_aux=True)(params, x)
-    params, opt_state, input_grad, lr = self._last_update(grads, opt_state, params, step)
+    params, opt_state, accum, input_grad, lr = self._last_update(grads, opt_state, accum, params, step,
+                                                                 apply)
     metrics = {'train_loss': loss, 'train_accuracy': accuracy, 'learning_rate': lr}
-    return params, opt_state, new_stats, input_grad, metrics
+    return params, opt_state, accum, new_stats, input_grad, metrics
 
   def _last_forward(self, params, stats, x, labels, step):
     """First half of the last stage's step when split (see common.use_split_backward)."""
     x = self._inputs(x, step)
     loss_fn = self._last_loss(stats, labels)
-    if self.first:
+    if not self.input_grad:
       loss, vjp_fn, (new_stats, accuracy) = jax.vjp(lambda p: loss_fn(p, x), params, has_aux=True)
     else:
       loss, vjp_fn, (new_stats, accuracy) = jax.vjp(loss_fn, params, x, has_aux=True)
     return loss, accuracy, new_stats, self._last_stash.flatten(vjp_fn)
 
-  def _last_backward(self, params, opt_state, residuals, step):
+  def _last_backward(self, params, opt_state, accum, residuals, step, apply: bool):
     grads = self._last_stash.unflatten(residuals)(jnp.ones((), jnp.float32))
-    return self._last_update(grads, opt_state, params, step)
+    return self._last_update(grads, opt_state, accum, params, step, apply)
 
-  def run_last(self, params, opt_state, stats, x, labels, step):
-    """The last stage's step, fused or as forward and backward calls."""
+  def _local_loss(self, stats, aux_stats, x, labels):
+    def loss_fn(params, aux_params):
+      y, new_stats = self._apply(stats)(params, x)
+      logits, aux_vars = self.aux_head.apply({'params': aux_params, 'batch_stats': aux_stats}, y,
+                                             train=True, mutable=['batch_stats'])
+      loss, accuracy = classification_loss(logits, labels)
+      return loss, (y, new_stats, aux_vars['batch_stats'], accuracy)
+    return loss_fn
+
+  def _local_update(self, grads, params, opt_state, aux, step):
+    aux_params, aux_stats, aux_opt = aux
+    lr = self.setup.schedule(step)
+    params, opt_state = self.setup.optimizer.update(grads[0], opt_state, params, lr)
+    aux_params, aux_opt = self.setup.optimizer.update(grads[1], aux_opt, aux_params, lr)
+    return params, opt_state, (aux_params, aux_stats, aux_opt)
+
+  def _local_step(self, params, opt_state, stats, aux, x, labels, step):
+    """DGL: one SGD step of the stage and its auxiliary head on the head's loss."""
+    x = self._inputs(x, step)
+    (loss, (y, stats, aux_stats, _)), grads = jax.value_and_grad(
+        self._local_loss(stats, aux[1], x, labels), (0, 1), has_aux=True)(params, aux[0])
+    params, opt_state, aux = self._local_update(grads, params, opt_state, (aux[0], aux_stats, aux[2]), step)
+    return params, opt_state, stats, aux, y, loss
+
+  def _local_forward(self, params, aux_params, stats, aux_stats, x, labels, step):
+    x = self._inputs(x, step)
+    loss, vjp_fn, (y, stats, aux_stats, _) = jax.vjp(self._local_loss(stats, aux_stats, x, labels),
+                                                     params, aux_params, has_aux=True)
+    return loss, y, stats, aux_stats, self._last_stash.flatten(vjp_fn)
+
+  def _local_backward(self, params, opt_state, aux, residuals, step):
+    grads = self._last_stash.unflatten(residuals)(jnp.ones((), jnp.float32))
+    return self._local_update(grads, params, opt_state, aux, step)
+
+  def run_local(self, st: StageState, x, labels, step):
+    """DGL's stage step, fused or as forward and backward calls. Returns the new state, the output
+    to send up (from this step's forward, before the update) and the local loss."""
     if not self.split_backward:
-      return self.last_step(params, opt_state, stats, x, labels, step)
-    loss, accuracy, stats, residuals = self.last_forward(params, stats, x, labels, step)
-    params, opt_state, input_grad, lr = self.last_backward(params, opt_state, residuals, step)
-    return params, opt_state, stats, input_grad, {'train_loss': loss, 'train_accuracy': accuracy,
-                                                  'learning_rate': lr}
+      params, opt_state, stats, aux, y, loss = self.local_step(st.params, st.opt_state, st.batch_stats,
+                                                              st.aux, x, labels, step)
+    else:
+      aux_params, aux_stats, aux_opt = st.aux
+      loss, y, stats, aux_stats, residuals = self.local_forward(st.params, aux_params, st.batch_stats,
+                                                                aux_stats, x, labels, step)
+      params, opt_state, aux = self.local_backward(st.params, st.opt_state,
+                                                   (aux_params, aux_stats, aux_opt), residuals, step)
+    return st._replace(params=params, opt_state=opt_state, batch_stats=stats, aux=aux), y, loss
+
+  def run_last(self, st: StageState, x, labels, step, apply: bool):
+    """The last stage's step, fused or as forward and backward calls. Returns its new state, the
+    gradient for its input and the training metrics."""
+    if not self.split_backward:
+      params, opt_state, accum, stats, input_grad, metrics = self.last_step(
+          st.params, st.opt_state, st.accum, st.batch_stats, x, labels, step, apply=apply)
+    else:
+      loss, accuracy, stats, residuals = self.last_forward(st.params, st.batch_stats, x, labels, step)
+      params, opt_state, accum, input_grad, lr = self.last_backward(st.params, st.opt_state, st.accum,
+                                                                    residuals, step, apply=apply)
+      metrics = {'train_loss': loss, 'train_accuracy': accuracy, 'learning_rate': lr}
+    st = st._replace(params=params, opt_state=opt_state, accum=accum, batch_stats=stats)
+    return st, input_grad, metrics
 
   def saved_shapes(self, params, stats, x_shape) -> tuple:
     """Shapes of one ring slot (tracing the forward also captures the vjp tree structure)."""
@@ -229,10 +353,17 @@ class Pipeline:
       zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
       ring = tuple(zeros(saved) for _ in range(0 if stage.last else stage.delay))
       inbox = () if stage.first else zeros((x, labels))
-      grad_inbox = () if stage.last else (zeros(y),)
+      grad_inbox = () if stage.last or self.spec.local_heads else (zeros(y),)
       if not stage.last:
-        self.message_bytes.append(y.size * y.dtype.itemsize * 2 + labels.size * 4)
-      stages.append(jax.device_put(StageState(params, stats, opt_state, ring, inbox, grad_inbox),
+        self.message_bytes.append(y.size * y.dtype.itemsize * (1 if self.spec.local_heads else 2)
+                                  + labels.size * 4)
+      accum = zeros(params) if self.spec.accumulation > 1 else ()
+      aux = ()
+      if stage.aux_head is not None:  # its own key: the model's initial parameters stay the same
+        aux_vars = stage.aux_head.init(jax.random.fold_in(rng, 1000 + stage.index),
+                                       jnp.zeros((1, *y.shape[1:]), y.dtype), train=False)
+        aux = (aux_vars['params'], aux_vars['batch_stats'], self.setup.optimizer.init(aux_vars['params']))
+      stages.append(jax.device_put(StageState(params, stats, opt_state, ring, inbox, grad_inbox, accum, aux),
                                    stage.device))
       x = y
     return PipelineState(tuple(stages))
@@ -241,6 +372,8 @@ class Pipeline:
     """Iteration t of the lock-step pipeline (t is the global step, known on the host)."""
     if self.spec.forward_locked:
       return self._step_forward_locked(state, batch, t)
+    if self.spec.local_heads:
+      return self._step_local(state, batch, t)
     spec, step = self.spec, np.int32(t)
     new_states, sent_up, sent_down, metrics = [], [None] * spec.num_stages, [None] * spec.num_stages, {}
     for k, (stage, st) in enumerate(zip(self.stages, state.stages)):
@@ -249,30 +382,34 @@ class Pipeline:
         has_input = True
       else:
         (x, labels), has_input = st.inbox, t >= k
-      params, opt_state, stats, ring = st.params, st.opt_state, st.batch_stats, st.ring
+      apply = spec.updates_at(k, t)
       if stage.last:
         if has_input:
-          params, opt_state, stats, sent_down[k], metrics = stage.run_last(
-              params, opt_state, stats, x, labels, step)
-      else:
-        slot = t % stage.delay
-        saved = None
-        if t >= spec.first_gradient(k):
-          old, recompute = ring[slot], spec.keep == 'recompute'
-          if recompute and stage.split_backward:
-            old, recompute = stage.residuals(old, stats), False
-          if has_input:  # the steady state: one call, the consumed slot's memory reused
-            params, opt_state, stats, sent_down[k], y, saved = stage.backward_forward(
-                params, opt_state, stats, old, st.grad_inbox[0], x, step, recompute=recompute)
-          else:
-            params, opt_state, sent_down[k] = stage.backward_update(
-                params, opt_state, old, st.grad_inbox[0], stats, step, recompute=recompute)
-        elif has_input:  # filling: nothing to back-propagate yet
-          y, stats, saved = stage.forward(params, stats, x, step)
-        if saved is not None:
-          ring = ring[:slot] + (saved,) + ring[slot + 1:]
-          sent_up[k] = (y, labels)
-      new_states.append(st._replace(params=params, opt_state=opt_state, batch_stats=stats, ring=ring))
+          st, sent_down[k], metrics = stage.run_last(st, x, labels, step, apply)
+        new_states.append(st)
+        continue
+      params, opt_state, accum, stats, ring = st.params, st.opt_state, st.accum, st.batch_stats, st.ring
+      slot = t % stage.delay
+      saved = None
+      if t >= spec.first_gradient(k):
+        old, recompute = ring[slot], spec.keep == 'recompute'
+        if recompute and stage.split_backward:
+          old, recompute = stage.residuals(old, stats), False
+        if has_input:  # the steady state: one call, the consumed slot's memory reused
+          params, opt_state, accum, stats, sent_down[k], y, saved = stage.backward_forward(
+              params, opt_state, accum, stats, old, st.grad_inbox[0], x, step, recompute=recompute,
+              apply=apply)
+        else:
+          params, opt_state, accum, sent_down[k] = stage.backward_update(
+              params, opt_state, accum, old, st.grad_inbox[0], stats, step, recompute=recompute,
+              apply=apply)
+      elif has_input:  # filling: nothing to back-propagate yet
+        y, stats, saved = stage.forward(params, stats, x, step)
+      if saved is not None:
+        ring = ring[:slot] + (saved,) + ring[slot + 1:]
+        sent_up[k] = (y, labels)
+      new_states.append(st._replace(params=params, opt_state=opt_state, accum=accum, batch_stats=stats,
+                                    ring=ring))
     for k, stage in enumerate(self.stages):  # communication between neighbours
       if k > 0 and sent_up[k - 1] is not None:
         new_states[k] = new_states[k]._replace(inbox=jax.device_put(sent_up[k - 1], stage.device))
@@ -289,9 +426,7 @@ class Pipeline:
     consumed = [None] * spec.num_stages
     for k, (stage, st) in enumerate(zip(self.stages, state.stages)):  # forward phase, in order
       if stage.last:
-        params, opt_state, stats, sent_down[k], metrics = stage.run_last(
-            st.params, st.opt_state, st.batch_stats, x, labels, step)
-        new_states[k] = st._replace(params=params, opt_state=opt_state, batch_stats=stats)
+        new_states[k], sent_down[k], metrics = stage.run_last(st, x, labels, step, spec.updates_at(k, t))
         continue
       slot = t % stage.delay
       consumed[k] = st.ring[slot]  # the forward of iteration t - delay, read before it is replaced
@@ -308,13 +443,34 @@ class Pipeline:
         old, stats = stage.replay(st.params, stats, old[0])
       elif spec.keep == 'recompute':
         old, recompute = (stage.residuals(old, stats), False) if stage.split_backward else (old, True)
-      params, opt_state, sent_down[k] = stage.backward_update(
-          st.params, st.opt_state, old, st.grad_inbox[0], stats, step, recompute=recompute)
-      new_states[k] = st._replace(params=params, opt_state=opt_state, batch_stats=stats)
+      params, opt_state, accum, sent_down[k] = stage.backward_update(
+          st.params, st.opt_state, st.accum, old, st.grad_inbox[0], stats, step, recompute=recompute,
+          apply=spec.updates_at(k, t))
+      new_states[k] = st._replace(params=params, opt_state=opt_state, accum=accum, batch_stats=stats)
     for k, stage in enumerate(self.stages[:-1]):  # gradients move down for the next iteration
       if sent_down[k + 1] is not None:
         new_states[k] = new_states[k]._replace(
             grad_inbox=(jax.device_put(sent_down[k + 1], stage.device),))
+    return PipelineState(tuple(new_states)), metrics
+
+  def _step_local(self, state: PipelineState, batch: Batch, t: int):
+    """Iteration t of DGL: every stage with an input takes its local step; outputs move up."""
+    step, new_states, sent_up, metrics = np.int32(t), list(state.stages), {}, {}
+    for k, (stage, st) in enumerate(zip(self.stages, state.stages)):
+      if stage.first:
+        x, labels = jax.device_put((batch.images, batch.labels), stage.device)
+      elif t >= k:
+        x, labels = st.inbox
+      else:
+        continue
+      if stage.last:
+        new_states[k], _, stage_metrics = stage.run_last(st, x, labels, step, True)
+        metrics.update(stage_metrics)
+      else:
+        new_states[k], y, metrics[f'stage{k}_local_loss'] = stage.run_local(st, x, labels, step)
+        sent_up[k] = (y, labels)
+    for k in sent_up:
+      new_states[k + 1] = new_states[k + 1]._replace(inbox=jax.device_put(sent_up[k], self.devices[k + 1]))
     return PipelineState(tuple(new_states)), metrics
 
   def eval_variables(self, state: PipelineState) -> dict:
@@ -326,8 +482,10 @@ class Pipeline:
     return {'params': params, 'batch_stats': stats}
 
   def describe(self, state: PipelineState) -> list[str]:
-    lines = [f'split ({self.split.how}) into {self.spec.num_stages} stages, keep={self.spec.keep}, '
-             f'beta={self.spec.beta}:']
+    spec = self.spec
+    lines = [f'split ({self.split.how}) into {spec.num_stages} stages, keep={spec.keep}, beta={spec.beta}'
+             + (f', accumulating {spec.accumulation} backwards per update' if spec.accumulation > 1 else '')
+             + (', forward before update' if spec.forward_first else '') + ':']
     costs = self.split.stage_costs()
     total = sum(costs)
     for k, (stage, st) in enumerate(zip(self.stages, state.stages)):
@@ -336,9 +494,16 @@ class Pipeline:
           f'  stage {k} on {stage.device}: blocks {names[0]}..{names[-1]} ({len(names)}), '
           f'{count_params(st.params) / 1e6:.3f}M params, est. {costs[k] / 1e6:.1f} MFLOP/8 images '
           f'({100 * costs[k] / total:.0f}%), delay {0 if stage.last else stage.delay}, '
-          f'first update at iteration {self.spec.first_forward(k) if stage.last else self.spec.first_gradient(k)}'
+          f'staleness {spec.staleness(k)[1]:.2f} updates, '
+          f'first update at iteration {spec.first_update(k)}'
           + (f', sends {self.message_bytes[k] / 1e6:.2f} MB/step to stage {k + 1}'
-             if not stage.last else ''))
+             if not stage.last else '')
+          + (f'; auxiliary head {count_params(st.aux[0]) / 1e6:.3f}M params' if st.aux else ''))
+    if spec.local_heads:
+      extra = sum(count_params(st.aux[0]) for st in state.stages if st.aux)
+      model = sum(count_params(st.params) for st in state.stages)
+      lines.append(f'  auxiliary heads: {extra / 1e6:.3f}M extra parameters ({100 * extra / model:.1f}% of the '
+                   f'model\'s {model / 1e6:.3f}M); evaluation uses the real head')
     return lines
 
   def timed_step(self, state: PipelineState, batch: Batch, t: int):

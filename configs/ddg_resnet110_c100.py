@@ -1,0 +1,11 @@
+"""DDG (decoupled parallel back-propagation) K=2 on CIFAR-100 resnet110, the FDG paper's recipe (300 epochs, 3-epoch warm-up at lr 0.01).
+
+python main.py --config=configs/ddg_resnet110_c100.py --config.data.path=cifar100.npz
+
+Paper (test error, rerun by the FDG authors): CIFAR-100 DDG 27.16% (K=2).
+"""
+from jaxdecouple.recipes import fdg_paper
+
+
+def get_config():
+  return fdg_paper('ddg', 'resnet110', 'cifar100', num_stages=2, warmup=True)

@@ -1,0 +1,11 @@
+"""DDG (decoupled parallel back-propagation) K=2 on CIFAR-100 resnet18, the FDG paper's recipe (300 epochs).
+
+python main.py --config=configs/ddg_resnet18_c100.py --config.data.path=cifar100.npz
+
+Paper (test error, rerun by the FDG authors): CIFAR-100 DDG 22.74% (K=2).
+"""
+from jaxdecouple.recipes import fdg_paper
+
+
+def get_config():
+  return fdg_paper('ddg', 'resnet18', 'cifar100', num_stages=2, warmup=False)

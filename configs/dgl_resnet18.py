@@ -1,0 +1,12 @@
+"""DGL (decoupled greedy learning, auxiliary heads) K=2 on CIFAR-10 resnet18, the FDG paper's recipe (300 epochs).
+
+python main.py --config=configs/dgl_resnet18.py --config.data.path=cifar10.npz
+
+Paper (test error, rerun by the FDG authors): DGL 5.21% (K=2).
+The auxiliary heads' extra parameters are logged at the start of the run.
+"""
+from jaxdecouple.recipes import fdg_paper
+
+
+def get_config():
+  return fdg_paper('dgl', 'resnet18', 'cifar10', num_stages=2, warmup=False)

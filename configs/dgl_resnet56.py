@@ -1,0 +1,13 @@
+"""DGL (decoupled greedy learning, auxiliary heads) K=2 on CIFAR-10 resnet56, the FDG paper's recipe (300 epochs).
+
+python main.py --config=configs/dgl_resnet56.py --config.data.path=cifar10.npz
+
+Paper (test error, rerun by the FDG authors): DGL 6.77% (K=2).
+K=3 and K=4 (--config.pipeline.num_stages=3 or 4, with --config.optim.warmup=constant --config.optim.warmup_epochs=3 as the paper did): 8.88% and 9.65%.
+The auxiliary heads' extra parameters are logged at the start of the run.
+"""
+from jaxdecouple.recipes import fdg_paper
+
+
+def get_config():
+  return fdg_paper('dgl', 'resnet56', 'cifar10', num_stages=2, warmup=False)

@@ -1,0 +1,135 @@
+"""DGL against a sequential reference of its definition; its auxiliary head; K = 1 is BP."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from conftest import SequentialStages, assert_trees_close, assert_trees_equal, tiny_config
+from jaxdecouple.errors import ConfigError
+from jaxdecouple.models import AuxHead, adaptive_avg_pool, count_params
+from jaxdecouple.train import train_and_evaluate
+
+
+def dgl_config(k, steps=12, **kw):
+  """lr 0.005: the auxiliary heads' BatchNorm over a 32-example batch makes DGL's training far more
+  sensitive to float32 rounding than the other methods (two compilations of the same engine step,
+  fused and split backward, drift 2e-3 apart in 12 steps at lr 0.01 with K = 3; 1e-4 at 0.005)."""
+  return tiny_config(method='dgl', max_steps=steps, **{
+      'pipeline.num_stages': k, 'optim.learning_rate': 0.005, **kw})
+
+
+def reference_dgl(config, steps, send_after_update=False):
+  """DGL from the SPEC: at iteration t stage k trains on micro-batch t-k, whose input is the output
+  stage k-1 produced for it at iteration t-1. A non-last stage runs its blocks and then its auxiliary
+  head (initialised from fold_in(key(seed), 1000 + k)), takes one SGD step of both on the head's
+  cross-entropy, and sends up the output of that forward (``send_after_update``: a forward with the
+  updated parameters instead, to show the test can tell). The last stage is plain SGD on its input.
+  Returns the model's variables and each head's (params, batch_stats)."""
+  K = config.pipeline.num_stages
+  ref = SequentialStages(config)
+  head = AuxHead(ref.ds.num_classes)
+  heads, momenta = [], []
+  x = jnp.zeros((1, *ref.ds.image_shape))
+  for k in range(K - 1):
+    x = ref.run(k, ref.params[k], x, ref.stats[k])[0]
+    v = head.init(jax.random.fold_in(jax.random.key(config.seed), 1000 + k), x, train=False)
+    heads.append([v['params'], v['batch_stats']])
+    momenta.append(jax.tree.map(jnp.zeros_like, v['params']))
+  inputs, labels = [{} for _ in range(K)], {}
+  for t in range(steps):
+    lr = ref.lr(t)
+    inputs[0][t], labels[t] = ref.batch(t)
+    for k in range(K):
+      m = t - k
+      if m < 0:
+        continue
+      if k == K - 1:
+        def loss(p):
+          logits, new = ref.run(k, p, inputs[k][m], ref.stats[k])
+          return optax.softmax_cross_entropy_with_integer_labels(logits, labels[m]).mean(), new
+        g, ref.stats[k] = jax.grad(loss, has_aux=True)(ref.params[k])
+        ref.sgd(k, g, lr)
+        continue
+
+      def local_loss(p, hp):
+        y, new = ref.run(k, p, inputs[k][m], ref.stats[k])
+        logits, hv = head.apply({'params': hp, 'batch_stats': heads[k][1]}, y, train=True,
+                                mutable=['batch_stats'])
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels[m]).mean()
+        return ce, (y, new, hv['batch_stats'])
+      (gp, gh), (y, stats, heads[k][1]) = jax.grad(local_loss, (0, 1), has_aux=True)(
+          ref.params[k], heads[k][0])
+      ref.sgd(k, gp, lr)
+      gh = jax.tree.map(lambda g, p: g + 5e-4 * p, gh, heads[k][0])
+      momenta[k] = jax.tree.map(lambda b, g: 0.9 * b + g, momenta[k], gh)
+      heads[k][0] = jax.tree.map(lambda p, b: p - lr * b, heads[k][0], momenta[k])
+      if send_after_update:
+        y = ref.run(k, ref.params[k], inputs[k][m], ref.stats[k])[0]
+      ref.stats[k] = stats
+      inputs[k + 1][m] = jax.lax.stop_gradient(y)
+  return ref.variables(), [tuple(h) for h in heads]
+
+
+@pytest.mark.parametrize('k', [2, 3])
+def test_dgl_matches_the_sequential_reference(k, workdir):
+  config = dgl_config(k)
+  result = train_and_evaluate(config, workdir)
+  assert result.step == 12
+  variables, heads = reference_dgl(config, 12)
+  assert_trees_close(result.variables, variables, tol=5e-4)
+  for stage, (params, stats) in zip(result.state.stages, heads):
+    assert_trees_close(stage.aux[:2], (params, stats), tol=5e-4)
+  assert not result.state.stages[-1].aux
+
+
+def test_the_comparison_is_sharp(workdir):
+  config = dgl_config(2)
+  result = train_and_evaluate(config, workdir)
+  with pytest.raises(AssertionError):
+    assert_trees_close(result.variables, reference_dgl(config, 12, send_after_update=True)[0], tol=5e-4)
+
+
+def test_k1_equals_bp(workdir, tmp_path):
+  dgl = train_and_evaluate(tiny_config(method='dgl', max_steps=8, **{'pipeline.num_stages': 1}), workdir)
+  bp = train_and_evaluate(tiny_config(max_steps=8), str(tmp_path / 'bp'))
+  assert_trees_equal(dgl.variables, bp.variables, rtol=1e-5, atol=1e-6)
+
+
+def test_evaluation_uses_the_real_head_and_logs_the_extra_parameters(workdir):
+  result = train_and_evaluate(tiny_config(method='dgl', max_steps=2, **{'pipeline.num_stages': 3}), workdir)
+  assert result.last_eval['test_accuracy'] >= 0
+  model_params = sum(count_params(s.params) for s in result.state.stages)
+  assert count_params(result.variables['params']) == model_params  # no auxiliary head in there
+  extra = sum(count_params(s.aux[0]) for s in result.state.stages[:-1])
+  lines = result.method.describe(result.state)
+  assert f'{extra / 1e6:.3f}M extra parameters' in lines[-1]
+  assert 'auxiliary head' in lines[1] and 'auxiliary head' not in lines[3]
+
+
+def test_adaptive_average_pool_matches_its_definition():
+  x = np.random.default_rng(0).normal(size=(2, 7, 9, 3)).astype(np.float32)
+  for size in (1, 2, 3, 4):
+    want = np.zeros((2, size, size, 3), np.float32)
+    for i in range(size):
+      for j in range(size):
+        r0, r1 = int(np.floor(i * 7 / size)), int(np.ceil((i + 1) * 7 / size))
+        c0, c1 = int(np.floor(j * 9 / size)), int(np.ceil((j + 1) * 9 / size))
+        want[:, i, j] = x[:, r0:r1, c0:c1].mean(axis=(1, 2))
+    np.testing.assert_allclose(adaptive_avg_pool(jnp.asarray(x), size), want, rtol=1e-5, atol=1e-6)
+
+
+def test_auxiliary_head_shape_and_size():
+  """16 channels at 32x32: pool to 8x8, three 1x1 convs (16x16 each, BN), pool to 2x2 = 64 features,
+  three 64x64 linear layers without bias (BN), a 64 -> 10 classifier with bias."""
+  head = AuxHead(10)
+  v = head.init(jax.random.key(0), jnp.zeros((1, 32, 32, 16)), train=False)
+  assert count_params(v['params']) == 3 * 16 * 16 + 3 * 2 * 16 + 3 * 64 * 64 + 3 * 2 * 64 + 64 * 10 + 10
+  assert head.apply(v, jnp.ones((5, 32, 32, 16)), train=False).shape == (5, 10)
+  v7 = head.init(jax.random.key(0), jnp.zeros((1, 7, 7, 8)), train=False)  # 7x7: pool to 2, then 2
+  assert head.apply(v7, jnp.ones((3, 7, 7, 8)), train=False).shape == (3, 10)
+
+
+def test_beta_is_refused(workdir):
+  with pytest.raises(ConfigError, match=r'config\.pipeline\.beta'):
+    train_and_evaluate(tiny_config(method='dgl', **{'pipeline.beta': 0.5}), workdir)
