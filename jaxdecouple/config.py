@@ -69,6 +69,16 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.pipeline.num_devices = 0   # 0: one device per stage (as many as present); stages then share
   c.pipeline.accumulation = 1  # adl: M delayed backwards summed into one update
   c.pipeline.adl_mode = 'B'    # adl: B = update, then forward; A = forward with pre-update parameters
+
+  c.replica = ml_collections.ConfigDict()  # width-wise methods (resist, localsgd, ensemble)
+  c.replica.num_workers = 4    # S; batch_size is per worker, each worker shuffles the data on its own
+  c.replica.local_steps = 50   # L local iterations per round, then averaging (and a new partition)
+  c.replica.min_depth = 0      # resist: pad sub-networks to at least this many partitioned blocks
+  c.replica.momentum = 'restart'   # restart (the release) or average (like the parameters)
+  c.replica.batch_norm = 'batch'   # batch: batch statistics at train and test (the release); running
+  c.replica.quantize_bits = 0  # 4..8: what a worker sends is quantised to this many bits; 0: off
+  c.replica.sparsify = 0.0     # (0, 1): a worker sends only this fraction of largest changes; 0: off
+  c.replica.num_devices = 0    # 0: as many as divide num_workers; workers then share devices
   return c
 
 

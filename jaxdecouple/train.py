@@ -54,16 +54,22 @@ def use_cpu_devices(n: int) -> None:
 
 
 class Evaluator:
-  """Test loss and accuracy of the whole network, batch by batch, on one device."""
+  """Test loss and accuracy of the whole network, batch by batch, on one device.
 
-  def __init__(self, model: Model, preprocess: Preprocess, batch_size: int, device: jax.Device):
+  ``predict(variables, images) -> logits`` is the method's (Method.predict_fn). The last, partial
+  batch is padded to the batch size (one compiled shape) unless ``exact_batches``: predictions that
+  use the batch's own BatchNorm statistics would change with padding, so it then runs at its size.
+  """
+
+  def __init__(self, predict, preprocess: Preprocess, batch_size: int, device: jax.Device,
+               exact_batches: bool = False):
     self.batch_size = batch_size
     self.device = device
+    self.exact_batches = exact_batches
 
     @jax.jit
     def sums(variables, images, labels, mask):
-      logits, _ = model.apply(variables, normalize(images, preprocess), train=False)
-      logits = logits.astype(jnp.float32)
+      logits = predict(variables, normalize(images, preprocess)).astype(jnp.float32)
       losses = -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1)[:, 0]
       correct = jnp.argmax(logits, -1) == labels
       return jnp.sum(losses * mask), jnp.sum(correct * mask)
@@ -77,7 +83,7 @@ class Evaluator:
     for start in range(0, len(x), b):
       xb, yb = x[start:start + b], y[start:start + b]
       mask = np.ones(len(xb), np.float32)
-      if len(xb) < b:  # pad the last batch: one compiled shape for every batch
+      if len(xb) < b and not self.exact_batches:  # pad the last batch: one compiled shape
         pad = b - len(xb)
         xb = np.concatenate([xb, np.zeros((pad, *xb.shape[1:]), xb.dtype)])
         yb = np.concatenate([yb, np.zeros(pad, yb.dtype)])
@@ -162,7 +168,7 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
                len(dataset.x_train), len(dataset.x_test), config.model, total_steps, config.batch_size,
                spe, ', '.join(str(d) for d in setup.devices))
 
-  state = method.init(jax.random.key(config.seed), order.batch(dataset.x_train, dataset.y_train, 0))
+  state = method.init(jax.random.key(config.seed), method.train_batch(dataset.x_train, dataset.y_train, order, 0))
   checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'), config.keep_checkpoints)
   restored = checkpointer.restore_latest(state)
   start = 0
@@ -176,7 +182,8 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
     logging.info('%s', line)
 
   writer = MetricWriter(workdir)
-  evaluator = Evaluator(setup.model, setup.preprocess, config.eval_batch_size, setup.devices[0])
+  evaluator = Evaluator(method.predict_fn(), setup.preprocess, config.eval_batch_size, setup.devices[0],
+                        exact_batches=method.eval_uses_batch_statistics)
   eval_every = config.eval_every_epochs * spe
   pending: list[dict] = []
   last_eval, step = None, start
@@ -223,7 +230,7 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
   try:
     with _StopSignal() as stop:
       for step in range(start, total_steps):
-        batch = order.batch(dataset.x_train, dataset.y_train, step)
+        batch = method.train_batch(dataset.x_train, dataset.y_train, order, step)
         if config.profile_every_steps and (step + 1) % config.profile_every_steps == 0:
           state, metrics, profile = method.profiled_step(state, batch, step)
           log_profile(step + 1, profile)

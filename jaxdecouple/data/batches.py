@@ -79,8 +79,17 @@ def augment(rng: jax.Array, images: jax.Array, pre: Preprocess) -> jax.Array:
   return images
 
 
-def train_inputs(images: jax.Array, step: jax.Array, seed: int, pre: Preprocess) -> jax.Array:
-  """Augmented, normalised float32 inputs of one training step (call inside jit)."""
+def train_inputs(images: jax.Array, step: jax.Array, seed: int, pre: Preprocess,
+                 stream: jax.Array | None = None) -> jax.Array:
+  """Augmented, normalised float32 inputs of one training step (call inside jit).
+
+  ``stream`` (e.g. a worker index, may be traced) draws its own augmentation; stream 0 draws
+  exactly what no stream draws, so worker 0 of a replica method sees BP's inputs.
+  """
   rng = jax.random.fold_in(jax.random.key(seed), step)
+  if stream is not None:
+    data = jnp.where(stream == 0, jax.random.key_data(rng),
+                     jax.random.key_data(jax.random.fold_in(rng, stream)))
+    rng = jax.random.wrap_key_data(data)
   return normalize(augment(rng, images, pre), pre)
 

@@ -7,7 +7,8 @@ from jaxdecouple.methods.dgl import DGL
 from jaxdecouple.methods.dp import DP
 from jaxdecouple.methods.fdg import FDG
 from jaxdecouple.methods.fr import FR
+from jaxdecouple.methods.replicated import Ensemble, LocalSGD, ResIST
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (BP, DP, FDG, ADL, DDG, FR, DGL)}
+METHODS: dict[str, type[Method]] = {m.name: m for m in (BP, DP, FDG, ADL, DDG, FR, DGL, ResIST, LocalSGD, Ensemble)}
 
 __all__ = ['METHODS', 'Method', 'Setup', 'classification_loss']

@@ -38,6 +38,20 @@ class Method(abc.ABC):
   def eval_variables(self, state: Any) -> dict[str, Any]:
     """The whole network as one Flax variable dict, for evaluation."""
 
+  def train_batch(self, x, y, order, step: int) -> Batch:
+    """The host batch of a step; replica methods stack one batch per worker from their own orders."""
+    return order.batch(x, y, step)
+
+  def predict_fn(self):
+    """``(variables, images) -> logits`` for evaluation, jit-able, with ``eval_variables``' output.
+    Default: the model in evaluation mode (running BatchNorm statistics)."""
+    model = self.setup.model
+    return lambda variables, x: model.apply(variables, x, train=False)[0]
+
+  # True when predictions depend on the batch (BatchNorm with batch statistics at test time): the
+  # evaluator then never pads a batch.
+  eval_uses_batch_statistics: bool = False
+
   def profiled_step(self, state: Any, batch: Batch, step: int) -> tuple[Any, dict, dict]:
     """``step`` plus what it cost (e.g. seconds per stage); may wait for the devices, so the loop
     calls it only every ``profile_every_steps`` steps. Default: no breakdown."""

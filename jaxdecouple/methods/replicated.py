@@ -1,0 +1,140 @@
+"""The width-wise methods, each a configuration of the replica engine (jaxdecouple.replica).
+
+resist    ResIST (Dun et al.): every round a random partition of the third section's non-strided
+          blocks into S disjoint sub-ResNets, one per worker; L local iterations; shared layers
+          averaged over all workers, each partitioned block over its owners; at test time every block
+          runs with its residual branch scaled by 1/S.
+localsgd  local SGD: every block on every worker, everything averaged every L iterations.
+ensemble  the paper's A.2 baseline: S sub-ResNets from one partition, trained without ever
+          averaging; evaluation averages their predicted probabilities.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdecouple.config import fail
+from jaxdecouple.data import Batch
+from jaxdecouple.methods.base import Method, Setup
+from jaxdecouple.models import build_model
+from jaxdecouple.replica import Replica, ReplicaSpec, ReplicaState, masked_apply, partitioned_blocks
+
+
+class ReplicaMethod(Method):
+  """Shared plumbing: config checks, the engine, evaluation and the start-up description."""
+  partition = True
+  average = True
+  redraw = True
+
+  @classmethod
+  def validate(cls, config) -> None:
+    r = config.replica
+    if r.num_workers < 1:
+      fail('replica.num_workers', f'must be at least 1, got {r.num_workers}')
+    if r.local_steps < 1:
+      fail('replica.local_steps', f'must be at least 1, got {r.local_steps}')
+    if r.momentum not in ('restart', 'average'):
+      fail('replica.momentum', f"{r.momentum!r} is not allowed; choose restart or average")
+    if r.batch_norm not in ('batch', 'running'):
+      fail('replica.batch_norm', f"{r.batch_norm!r} is not allowed; choose batch or running")
+    if r.quantize_bits and not 4 <= r.quantize_bits <= 8:
+      fail('replica.quantize_bits', f'must be 0 (off) or 4..8, got {r.quantize_bits}')
+    if not 0 <= r.sparsify < 1:
+      fail('replica.sparsify', f'must be in [0, 1) (fraction kept; 0 = off), got {r.sparsify}')
+    if r.min_depth < 0:
+      fail('replica.min_depth', f'must be non-negative, got {r.min_depth}')
+    if r.num_devices < 0:
+      fail('replica.num_devices', f'must be non-negative (0: as many as useful), got {r.num_devices}')
+    if cls.partition:
+      try:
+        blocks = len(partitioned_blocks(build_model(config.model, 10)))
+      except ValueError as e:
+        fail('model', str(e))
+      if r.num_workers > blocks and r.min_depth == 0:
+        fail('replica.num_workers', f'{config.model} has {blocks} partitioned blocks, fewer than the '
+             f'{r.num_workers} workers; use at most {blocks} workers or set replica.min_depth')
+      if r.min_depth > blocks:
+        fail('replica.min_depth', f'{config.model} has only {blocks} partitioned blocks, got {r.min_depth}')
+
+  def __init__(self, setup: Setup):
+    super().__init__(setup)
+    r = setup.config.replica
+    spec = ReplicaSpec(r.num_workers, r.local_steps, partition=self.partition, average=self.average,
+                       redraw=self.redraw, min_depth=r.min_depth, momentum=r.momentum,
+                       batch_norm=r.batch_norm, quantize_bits=r.quantize_bits, sparsify=r.sparsify)
+    n = r.num_devices or len(setup.devices)
+    if n > len(setup.devices):
+      fail('replica.num_devices', f'{n} devices asked for but only {len(setup.devices)} present')
+    self.engine = Replica(setup, spec, setup.devices[:n])
+    self.eval_uses_batch_statistics = r.batch_norm == 'batch'
+
+  def train_batch(self, x, y, order, step: int) -> Batch:
+    return self.engine.train_batch(x, y, step)
+
+  def init(self, rng: jax.Array, example: Batch) -> ReplicaState:
+    return self.engine.init(rng, example)
+
+  def step(self, state: ReplicaState, batch: Batch, step: int):
+    return self.engine.step(state, batch, step)
+
+  def eval_variables(self, state: ReplicaState) -> dict:
+    params, stats = self.engine.averaged(state)
+    device = self.setup.devices[0]
+    return jax.device_put({'params': params, 'batch_stats': stats}, device)
+
+  def predict_fn(self):
+    model, train = self.engine.eval_model(), self.eval_uses_batch_statistics
+    return lambda variables, x: model.apply(variables, x, train=train)[0]
+
+  def describe(self, state: ReplicaState) -> list[str]:
+    e, s = self.engine, self.engine.spec
+    params = jax.tree.map(lambda x: x[0], jax.device_get(state.params))
+    shared, blocks = e.parameter_counts(params)
+    total = shared + sum(blocks.values())
+    lines = [f'{s.num_workers} workers on {e.mesh.devices.size} devices ({e.per_device} per device), '
+             f'{s.local_steps} local iterations per round, batch {self.setup.config.batch_size} per worker, '
+             f'momentum {s.momentum}, BatchNorm {s.batch_norm} statistics']
+    if e.partitioned:
+      sizes = np.asarray(jax.device_get(state.membership)).sum(axis=1)
+      lines.append(f'  partitioned: {len(e.partitioned)} blocks ({e.partitioned[0]}..{e.partitioned[-1]}, '
+                   f'{sum(blocks.values()) / 1e6:.2f}M params); shared: {shared / 1e6:.2f}M params; '
+                   f'blocks per worker this round: {", ".join(map(str, sizes))}')
+    traffic = e.round_traffic(params, 0)
+    full = 2 * total * 4 * s.num_workers
+    lines.append(f'  communication per round: {traffic["total"] / 1e9:.3f} GB for all workers '
+                 f'({traffic["sent_per_worker"] / 1e6:.1f} MB sent, {traffic["received_per_worker"] / 1e6:.1f} MB '
+                 f'received per worker); local SGD would move {full / 1e9:.3f} GB')
+    return lines
+
+
+class ResIST(ReplicaMethod):
+  name = 'resist'
+
+
+class LocalSGD(ReplicaMethod):
+  name = 'localsgd'
+  partition = False
+
+
+class Ensemble(ReplicaMethod):
+  name = 'ensemble'
+  average = False
+  redraw = False
+
+  def eval_variables(self, state: ReplicaState) -> dict:
+    device = self.setup.devices[0]
+    return jax.device_put({'params': state.params, 'batch_stats': state.batch_stats,
+                           'membership': state.membership}, device)
+
+  def predict_fn(self):
+    e, train = self.engine, self.eval_uses_batch_statistics
+
+    def predict(variables, x):
+      def one(args):
+        p, s, m = args
+        logits, _ = masked_apply(e.chain, e.index, {'params': p, 'batch_stats': s}, x, m, train=train)
+        return jax.nn.softmax(logits.astype(jnp.float32))
+      probs = jax.lax.map(one, (variables['params'], variables['batch_stats'], variables['membership']))
+      return jnp.log(jnp.mean(probs, axis=0))
+    return predict

@@ -1,0 +1,67 @@
+"""ResIST's width-wise partitions: which blocks are partitioned, and who owns which block each round.
+
+Only the non-strided blocks of a pre-activation ResNet's third section are partitioned (for ResIST's
+[3, 4, 23, 3] ResNet-101, blocks s3b1..s3b22); every other layer is shared by all sub-networks. A
+round's partition is a random permutation of those blocks cut into S contiguous slices, drawn from
+(seed, round) alone, so every worker and every restart derives the same one without communication.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from jaxdecouple.models import Model
+from jaxdecouple.models.resnet import PreActBlock
+
+PARTITIONED_SECTION = 2  # the third section (0-based)
+
+
+def partitioned_blocks(model: Model) -> tuple[str, ...]:
+  """Names of the blocks ResIST partitions: the third section's blocks after its first (strided) one.
+
+  Raises ValueError when the model is not a pre-activation ResNet with at least two such blocks.
+  """
+  modules = dict(zip(model.chain.names, model.chain.modules))
+  names = tuple(n for n, (s, i) in model.sections.items()
+                if s == PARTITIONED_SECTION and i >= 1 and isinstance(modules[n], PreActBlock))
+  if len(names) < 1:
+    raise ValueError(f'{model.name} has no non-strided pre-activation blocks in its third section to '
+                     'partition; use a pre-activation ResNet (preact101, preact_s3_N, preact_tiny)')
+  return names
+
+
+def slice_sizes(num_blocks: int, num_workers: int) -> list[int]:
+  """Sizes of the S contiguous slices of the permutation: as equal as possible, larger ones first
+  (22 blocks: S=2 11,11; S=4 6,6,5,5; S=8 3,3,3,3,3,3,2,2)."""
+  base, extra = divmod(num_blocks, num_workers)
+  return [base + 1] * extra + [base] * (num_workers - extra)
+
+
+def draw_partition(num_blocks: int, num_workers: int, seed: int, round_index: int,
+                   min_depth: int = 0) -> np.ndarray:
+  """Membership of round ``round_index``: a (S, num_blocks) bool array, row w = worker w's blocks.
+
+  A random permutation of the blocks cut into S contiguous slices, so each block has exactly one
+  owner; with ``min_depth`` m, a worker with fewer than m blocks gets random extra blocks (not already
+  its own) until it has m, so blocks may then be shared. Depends only on its arguments.
+  """
+  if num_workers > num_blocks and min_depth == 0:
+    raise ValueError(f'{num_workers} workers but only {num_blocks} partitioned blocks: some workers '
+                     'would get none (set a minimum depth or use fewer workers)')
+  rng = np.random.default_rng([seed, round_index, 0x5E515])
+  order = rng.permutation(num_blocks)
+  member = np.zeros((num_workers, num_blocks), bool)
+  start = 0
+  for w, size in enumerate(slice_sizes(num_blocks, num_workers)):
+    member[w, order[start:start + size]] = True
+    start += size
+  for w in range(num_workers):
+    short = min(min_depth, num_blocks) - int(member[w].sum())
+    if short > 0:
+      member[w, rng.choice(np.flatnonzero(~member[w]), short, replace=False)] = True
+  return member
+
+
+def test_time_scale(num_blocks: int, num_workers: int, min_depth: int = 0) -> float:
+  """The factor on every partitioned block's residual branch when all blocks run at test time:
+  1/S, or max(1/S, m / number of partitioned blocks) with a minimum depth m."""
+  return max(1.0 / num_workers, min_depth / num_blocks)
