@@ -79,6 +79,12 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.replica.quantize_bits = 0  # 4..8: what a worker sends is quantised to this many bits; 0: off
   c.replica.sparsify = 0.0     # (0, 1): a worker sends only this fraction of largest changes; 0: off
   c.replica.num_devices = 0    # 0: as many as divide num_workers; workers then share devices
+
+  c.distributed = ml_collections.ConfigDict()  # several processes (hosts) in one run: replica methods
+  c.distributed.coordinator = ''   # '': one process; 'auto': jax.distributed.initialize() detects
+                                   # (TPU pods, SLURM, ...); or 'HOST:PORT' with the two fields below
+  c.distributed.num_processes = 1
+  c.distributed.process_id = 0
   return c
 
 
@@ -170,4 +176,15 @@ def validate(config) -> None:
     fail('optim.milestones', f'must be non-negative epochs in increasing order, got {milestones}')
   if config.data.source == 'npz' and not config.data.path:
     fail('data.path', "is required when data.source='npz' (a .npz with x_train, y_train, x_test, y_test)")
+  d = config.distributed
+  if d.coordinator not in ('', 'auto'):
+    if ':' not in d.coordinator:
+      fail('distributed.coordinator', f"must be '', 'auto' or HOST:PORT, got {d.coordinator!r}")
+    if d.num_processes < 2:
+      fail('distributed.num_processes', f'must be at least 2 with a coordinator, got {d.num_processes}')
+    if not 0 <= d.process_id < d.num_processes:
+      fail('distributed.process_id', f'must be in [0, {d.num_processes}), got {d.process_id}')
+  if d.coordinator and config.method not in ('resist', 'localsgd', 'ensemble'):
+    fail('distributed.coordinator', f'several processes run the replica methods (resist, localsgd, '
+         f'ensemble); {config.method} runs in one process')
   methods.METHODS[config.method].validate(config)

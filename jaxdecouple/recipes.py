@@ -41,3 +41,26 @@ def adl_paper(model: str, dataset: str = 'cifar10', num_stages: int = 3, accumul
   c.pipeline.accumulation = accumulation
   c.pipeline.adl_mode = mode
   return c
+
+
+def resist_release(method: str, dataset: str = 'cifar100', num_workers: int = 4, num_epochs: int = 160,
+                   model: str = 'preact101'):
+  """The ResIST release's recipe: pre-activation ResNet-101, batch 128 per worker, 50 local
+  iterations per round, SGD lr 0.03 (momentum 0.9, weight decay 5e-4) divided by 10 after 50% and
+  75% of the epochs, crop+flip, momentum restarted every round, BatchNorm with batch statistics at
+  train and test time. The paper trains 80 epochs with 2 workers and 160 with 4 or 8."""
+  c = get_default_config()
+  c.method = method
+  c.model = model
+  c.dataset = dataset
+  c.batch_size = 128
+  c.num_epochs = num_epochs
+  c.optim.learning_rate = 0.03
+  c.optim.milestones = (num_epochs // 2, num_epochs * 3 // 4)
+  c.replica.num_workers = num_workers
+  c.replica.local_steps = 50
+  c.replica.momentum = 'restart'
+  c.replica.batch_norm = 'batch'
+  c.log_every_steps = 100
+  c.checkpoint_every_steps = 2000
+  return c

@@ -131,6 +131,21 @@ class _StopSignal:
       signal.signal(signal.SIGTERM, self._previous)
 
 
+def start_processes(d) -> None:
+  """Joins a multi-process run (config.distributed) before JAX computes anything; on CPUs the
+  collectives between processes go through gloo."""
+  if not d.coordinator or jax.distributed.is_initialized():
+    return
+  if jax.config.jax_platforms in (None, '', 'cpu'):
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  if d.coordinator == 'auto':
+    jax.distributed.initialize()
+  else:
+    jax.distributed.initialize(d.coordinator, num_processes=d.num_processes, process_id=d.process_id)
+  logging.info('process %d of %d; %d local devices, %d in all', jax.process_index(), jax.process_count(),
+               jax.local_device_count(), jax.device_count())
+
+
 def build_setup(config, dataset) -> Setup:
   model = build_model(config.model, dataset.num_classes)
   steps_per_epoch = len(dataset.x_train) // config.batch_size
@@ -150,6 +165,7 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
   """
   config_lib.validate(config)
   use_cpu_devices(config.cpu_devices)
+  start_processes(config.distributed)
   dataset = load_dataset(config.data, config.dataset)
   if config.batch_size > len(dataset.x_train):
     config_lib.fail('batch_size', f'{config.batch_size} exceeds the {len(dataset.x_train)} training '
@@ -161,8 +177,9 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
   method = METHODS[config.method](setup)
 
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
-    f.write(config.to_json_best_effort(indent=2))
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
+      f.write(config.to_json_best_effort(indent=2))
   logging.info('%s on %s (%s, %d train / %d test images) with %s; %d steps of batch %d '
                '(%d per epoch); devices: %s', config.method, config.dataset, dataset.source,
                len(dataset.x_train), len(dataset.x_test), config.model, total_steps, config.batch_size,
@@ -181,8 +198,8 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
   for line in method.describe(state):
     logging.info('%s', line)
 
-  writer = MetricWriter(workdir)
-  evaluator = Evaluator(method.predict_fn(), setup.preprocess, config.eval_batch_size, setup.devices[0],
+  writer = MetricWriter(workdir, enabled=jax.process_index() == 0)
+  evaluator = Evaluator(method.predict_fn(), setup.preprocess, config.eval_batch_size, jax.local_devices()[0],
                         exact_batches=method.eval_uses_batch_statistics)
   eval_every = config.eval_every_epochs * spe
   pending: list[dict] = []

@@ -57,18 +57,22 @@ def _clean(value: Any) -> Any:
 class MetricWriter:
   """Appends one JSON object per line; also scalars to TensorBoard when available."""
 
-  def __init__(self, workdir: str, tensorboard: bool = True):
+  def __init__(self, workdir: str, tensorboard: bool = True, enabled: bool = True):
+    """``enabled=False`` (processes other than the first of a multi-process run): records are
+    built and returned but nothing is written."""
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, 'metrics.jsonl')
-    self._file = open(self.path, 'a', encoding='utf-8')
-    self._tb = _tensorboard_writer(os.path.join(workdir, 'tensorboard')) if tensorboard else None
-    if tensorboard and self._tb is None:
+    self._file = open(self.path, 'a', encoding='utf-8') if enabled else None
+    self._tb = _tensorboard_writer(os.path.join(workdir, 'tensorboard')) if tensorboard and enabled else None
+    if tensorboard and enabled and self._tb is None:
       logging.info('no TensorBoard writer library installed (tensorboardX or tensorflow): '
                    'metrics go to %s only', self.path)
 
   def write(self, kind: str, step: int, **values) -> dict:
     record = {'kind': kind, 'step': int(step), 'time': round(time.time(), 3),
               **{k: _clean(v) for k, v in values.items()}}
+    if self._file is None:
+      return record
     self._file.write(json.dumps(record) + '\n')
     self._file.flush()
     if self._tb is not None:
@@ -79,7 +83,8 @@ class MetricWriter:
     return record
 
   def close(self) -> None:
-    self._file.close()
+    if self._file is not None:
+      self._file.close()
     if self._tb is not None:
       self._tb[2]()
 

@@ -79,9 +79,8 @@ class ReplicaMethod(Method):
     return self.engine.step(state, batch, step)
 
   def eval_variables(self, state: ReplicaState) -> dict:
-    params, stats = self.engine.averaged(state)
-    device = self.setup.devices[0]
-    return jax.device_put({'params': params, 'batch_stats': stats}, device)
+    params, stats = self.engine.averaged(state)  # replicated over the mesh: this process's copy
+    return jax.tree.map(lambda x: x.addressable_data(0), {'params': params, 'batch_stats': stats})
 
   def predict_fn(self):
     model, train = self.engine.eval_model(), self.eval_uses_batch_statistics
@@ -89,17 +88,19 @@ class ReplicaMethod(Method):
 
   def describe(self, state: ReplicaState) -> list[str]:
     e, s = self.engine, self.engine.spec
-    params = jax.tree.map(lambda x: x[0], jax.device_get(state.params))
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), state.params)
     shared, blocks = e.parameter_counts(params)
     total = shared + sum(blocks.values())
     lines = [f'{s.num_workers} workers on {e.mesh.devices.size} devices ({e.per_device} per device), '
              f'{s.local_steps} local iterations per round, batch {self.setup.config.batch_size} per worker, '
              f'momentum {s.momentum}, BatchNorm {s.batch_norm} statistics']
     if e.partitioned:
-      sizes = np.asarray(jax.device_get(state.membership)).sum(axis=1)
-      lines.append(f'  partitioned: {len(e.partitioned)} blocks ({e.partitioned[0]}..{e.partitioned[-1]}, '
-                   f'{sum(blocks.values()) / 1e6:.2f}M params); shared: {shared / 1e6:.2f}M params; '
-                   f'blocks per worker this round: {", ".join(map(str, sizes))}')
+      line = (f'  partitioned: {len(e.partitioned)} blocks ({e.partitioned[0]}..{e.partitioned[-1]}, '
+              f'{sum(blocks.values()) / 1e6:.2f}M params); shared: {shared / 1e6:.2f}M params')
+      if state.membership.is_fully_addressable:
+        sizes = np.asarray(jax.device_get(state.membership)).sum(axis=1)
+        line += f'; blocks per worker this round: {", ".join(map(str, sizes))}'
+      lines.append(line)
     traffic = e.round_traffic(params, 0)
     full = 2 * total * 4 * s.num_workers
     lines.append(f'  communication per round: {traffic["total"] / 1e9:.3f} GB for all workers '
@@ -123,7 +124,9 @@ class Ensemble(ReplicaMethod):
   redraw = False
 
   def eval_variables(self, state: ReplicaState) -> dict:
-    device = self.setup.devices[0]
+    if jax.process_count() > 1:
+      fail('method', 'the ensemble evaluates every worker on one device, so it runs in one process')
+    device = jax.local_devices()[0]
     return jax.device_put({'params': state.params, 'batch_stats': state.batch_stats,
                            'membership': state.membership}, device)
 

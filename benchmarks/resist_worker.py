@@ -1,0 +1,103 @@
+"""A ResIST worker's training step against a full-model step, with the same compiled code.
+
+  python benchmarks/resist_worker.py --model=preact101 --batch=32 --workers=4
+
+Times the replica engine's per-worker step (forward, backward and masked update, jitted) on one
+device with every block active (a full-model step: local SGD's worker) and with the membership of
+each of the S sub-networks of round 0 (partitioned blocks it does not own skipped by lax.cond).
+Reports the median seconds over --iters timed iterations after --warmup (compilation), each waiting
+for its result, the ratio to the full step, and the ratio predicted from the blocks' FLOPs (XLA's
+cost analysis of each block's forward). Prints one JSON line per measurement, then a markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+  p.add_argument('--model', default='preact101', help='a pre-activation ResNet: preact101, preact_s3_N, '
+                 'preact_tiny')
+  p.add_argument('--dataset', default='cifar100', help='shape of the synthetic data (cifar10, cifar100)')
+  p.add_argument('--batch', type=int, default=32, help='batch size per worker')
+  p.add_argument('--workers', type=int, default=4, help='S: the number of sub-networks')
+  p.add_argument('--min_depth', type=int, default=0, help='minimum number of partitioned blocks per worker')
+  p.add_argument('--warmup', type=int, default=2, help='untimed iterations (compilation)')
+  p.add_argument('--iters', type=int, default=5, help='timed iterations')
+  p.add_argument('--json_out', default='', help='also append the JSON lines to this file')
+  return p.parse_args(argv)
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jaxdecouple.config import get_default_config
+  from jaxdecouple.data import load_dataset
+  from jaxdecouple.methods import METHODS
+  from jaxdecouple.pipeline.splits import block_flops
+  from jaxdecouple.train import build_setup
+
+  c = get_default_config()
+  c.method, c.model, c.dataset, c.batch_size = 'resist', args.model, args.dataset, args.batch
+  c.data.source = 'synthetic'
+  c.data.synthetic_train_size = max(args.batch, 256)
+  c.replica.num_workers, c.replica.min_depth, c.replica.num_devices = args.workers, args.min_depth, 1
+  ds = load_dataset(c.data, c.dataset)
+  method = METHODS['resist'](build_setup(c, ds))
+  engine = method.engine
+  variables = jax.device_get(engine.model.init(jax.random.key(0), jnp.zeros((1, *ds.image_shape))))
+  params, stats = variables['params'], variables['batch_stats']
+  opt_state = engine.setup.optimizer.init(params)
+  images, labels = jnp.asarray(ds.x_train[:args.batch]), jnp.asarray(ds.y_train[:args.batch])
+  step = jax.jit(engine._worker_step)
+  flops = block_flops(engine.model, ds.image_shape)
+  flops = dict(zip(engine.model.block_names, flops))
+  full_flops = sum(flops.values())
+
+  def measure(member):
+    member = jnp.asarray(member)
+    for _ in range(args.warmup):
+      jax.block_until_ready(step(params, stats, opt_state, member, images, labels, 0, np.int32(0)))
+    times = []
+    for _ in range(args.iters):
+      start = time.perf_counter()
+      jax.block_until_ready(step(params, stats, opt_state, member, images, labels, 0, np.int32(0)))
+      times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+  blocks = engine.partitioned
+  rows = [('full model', np.ones(len(blocks), bool))]
+  membership = engine.membership(0)
+  rows += [(f'worker {w} of {args.workers}', membership[w]) for w in range(args.workers)]
+  results, full = [], None
+  for label, member in rows:
+    seconds = measure(member)
+    full = full or seconds
+    predicted = sum(v for n, v in flops.items() if n not in blocks or member[blocks.index(n)]) / full_flops
+    record = {'model': args.model, 'batch': args.batch, 'run': label, 'blocks': int(member.sum()),
+              'seconds': round(seconds, 4), 'ratio': round(seconds / full, 3),
+              'flop_ratio': round(predicted, 3), 'device': str(jax.devices()[0].device_kind)}
+    results.append(record)
+    print(json.dumps(record), flush=True)
+    if args.json_out:
+      with open(args.json_out, 'a', encoding='utf-8') as f:
+        f.write(json.dumps(record) + '\n')
+  print(f'\n{args.model}, batch {args.batch} per worker, {len(blocks)} partitioned blocks, S = {args.workers}, '
+        f'on {jax.devices()[0].device_kind}\n')
+  print('| step | partitioned blocks run | s/step | vs full | FLOP ratio |')
+  print('|---|---|---|---|---|')
+  for r in results:
+    print(f"| {r['run']} | {r['blocks']} | {r['seconds']:.3f} | {r['ratio']:.2f} | {r['flop_ratio']:.2f} |")
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,38 @@
+"""One process of tests/test_multiprocess.py: 2 CPU devices, joins a 2-process run, trains ResIST."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def replica_run_config():
+  """The run both tests compare (conftest is not imported here: it would ask for 4 CPU devices)."""
+  from jaxdecouple.config import get_default_config
+  c = get_default_config()
+  c.method, c.model, c.dataset, c.max_steps = 'resist', 'preact_tiny', 'cifar10', 5
+  c.data.source, c.data.synthetic_train_size, c.data.synthetic_test_size = 'synthetic', 256, 64
+  c.batch_size, c.eval_batch_size, c.num_epochs, c.optim.milestones = 32, 64, 2, (1,)
+  c.log_every_steps = c.checkpoint_every_steps = 4
+  c.replica.num_workers, c.replica.local_steps, c.optim.learning_rate = 4, 2, 0.005
+  return c
+
+
+def main(process_id: int, port: int, workdir: str, out: str):
+  from jaxdecouple.train import train_and_evaluate
+  config = replica_run_config()
+  config.distributed.coordinator = f'127.0.0.1:{port}'
+  config.distributed.num_processes, config.distributed.process_id = 2, process_id
+  result = train_and_evaluate(config, workdir)
+  variables = result.variables  # the averaged network, this process's copy
+  leaves = jax.tree_util.tree_flatten_with_path(variables)[0]
+  np.savez(out, **{jax.tree_util.keystr(p): np.asarray(x) for p, x in leaves},
+           __devices__=np.array([jax.device_count(), jax.local_device_count(), jax.process_count()]),
+           __accuracy__=np.array(result.last_eval['test_accuracy']))
+
+
+if __name__ == '__main__':
+  jax.config.update('jax_num_cpu_devices', 2)  # before JAX starts: 2 devices in this process
+  main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])

@@ -1,0 +1,40 @@
+"""The replica engine over 2 processes with 2 CPU devices each (jax.distributed on loopback, gloo
+collectives) gives the parameters of 4 devices in one process."""
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+
+from multiprocess_worker import replica_run_config
+from jaxdecouple.train import train_and_evaluate
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_match_one_process_with_four_devices(tmp_path):
+  port, workdir = free_port(), str(tmp_path / 'mp')
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': ''}
+  procs = [subprocess.Popen([sys.executable, os.path.join(HERE, 'multiprocess_worker.py'), str(i), str(port),
+                             workdir, str(tmp_path / f'p{i}.npz')], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  logs = [p.communicate(timeout=300)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], '\n'.join(log[-3000:] for log in logs)
+  single = train_and_evaluate(replica_run_config(), str(tmp_path / 'single'))
+  want = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(single.variables)[0]}
+  for i in range(2):
+    got = np.load(tmp_path / f'p{i}.npz')
+    assert got['__devices__'].tolist() == [4, 2, 2]
+    for key, value in want.items():  # gloo's reductions round differently: see test_resist's note
+      err = float(np.max(np.abs(got[key] - value))) / max(float(np.max(np.abs(value))), 0.1)
+      assert err <= 2e-4, f'{key}: relative error {err:.3g}'
+    assert abs(float(got['__accuracy__']) - single.last_eval['test_accuracy']) <= 1 / 64  # one image
+  assert os.path.exists(os.path.join(workdir, 'metrics.jsonl'))  # written once, by process 0
