@@ -21,7 +21,7 @@ from jaxdecouple import config as config_lib
 from jaxdecouple.checkpoint import Checkpointer
 from jaxdecouple.data import Preprocess, TrainOrder, load_dataset, normalize
 from jaxdecouple.methods import METHODS, Method, Setup
-from jaxdecouple.models import Model, build_model, count_params
+from jaxdecouple.models import build_model, count_params
 from jaxdecouple.optim import make_optimizer, make_schedule
 from jaxdecouple.writers import MetricWriter, format_duration
 
@@ -34,6 +34,12 @@ class RunResult:
   step: int
   last_eval: dict | None
   workdir: str
+  total_steps: int = 0
+
+  @property
+  def finished(self) -> bool:
+    """Whether the run reached its last step (not stopped early by SIGTERM)."""
+    return self.step >= self.total_steps
 
   @property
   def variables(self) -> dict:
@@ -275,4 +281,4 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
     checkpointer.close()
     writer.close()
   logging.info('finished at step %d in %s', step, format_duration(time.perf_counter() - run_start))
-  return RunResult(method, state, step, last_eval, workdir)
+  return RunResult(method, state, step, last_eval, workdir, total_steps)

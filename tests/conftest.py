@@ -1,6 +1,7 @@
 """Four CPU devices for every test (set before JAX starts) and small shared helpers."""
 import os
 import sys
+import tempfile
 
 os.environ.setdefault('JAX_NUM_CPU_DEVICES', '4')
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=4')
@@ -11,6 +12,11 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update('jax_num_cpu_devices', 4)
+# Many tests compile the same programs (same tiny model, new jit objects): a compilation cache for
+# this session lets them share the executables.
+jax.config.update('jax_compilation_cache_dir', tempfile.mkdtemp(prefix='jaxdecouple-tests-xla-'))
+jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 
 from jaxdecouple.config import get_default_config  # noqa: E402
 
@@ -117,3 +123,12 @@ class SequentialStages:
       merged['params'].update(p)
       merged['batch_stats'].update(s)
     return merged
+
+
+@pytest.fixture(scope='session')
+def resist_run(tmp_path_factory):
+  """ResIST with 4 workers on 4 CPU devices (tests/multiprocess_worker.replica_run_config), run once
+  and shared by the tests that compare against it."""
+  from multiprocess_worker import replica_run_config
+  from jaxdecouple.train import train_and_evaluate
+  return train_and_evaluate(replica_run_config(), str(tmp_path_factory.mktemp('resist') / 'run'))

@@ -90,8 +90,8 @@ def test_saved_forward_and_recompute_give_the_same_parameters(workdir, tmp_path)
 
 def test_placement_does_not_change_numbers(tmp_path):
   runs = [train_and_evaluate(fdg_config(4, **{'pipeline.num_devices': n, 'pipeline.beta': 0.7}),
-                             str(tmp_path / str(n))) for n in (1, 2, 4)]
-  assert [len({str(s.device) for s in r.method.pipeline.stages}) for r in runs] == [1, 2, 4]
+                             str(tmp_path / str(n))) for n in (1, 4)]
+  assert [len({str(s.device) for s in r.method.pipeline.stages}) for r in runs] == [1, 4]
   for r in runs[1:]:
     assert_trees_equal(r.variables, runs[0].variables)
 

@@ -8,8 +8,6 @@ import sys
 import jax
 import numpy as np
 
-from multiprocess_worker import replica_run_config
-from jaxdecouple.train import train_and_evaluate
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -20,7 +18,7 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def test_two_processes_match_one_process_with_four_devices(tmp_path):
+def test_two_processes_match_one_process_with_four_devices(tmp_path, resist_run):
   port, workdir = free_port(), str(tmp_path / 'mp')
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': ''}
   procs = [subprocess.Popen([sys.executable, os.path.join(HERE, 'multiprocess_worker.py'), str(i), str(port),
@@ -28,7 +26,7 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path):
                             stderr=subprocess.STDOUT, text=True) for i in range(2)]
   logs = [p.communicate(timeout=300)[0] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], '\n'.join(log[-3000:] for log in logs)
-  single = train_and_evaluate(replica_run_config(), str(tmp_path / 'single'))
+  single = resist_run  # replica_run_config() on the 4 devices of this process
   want = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(single.variables)[0]}
   for i in range(2):
     got = np.load(tmp_path / f'p{i}.npz')

@@ -137,16 +137,24 @@ def build_method(config):
   return METHODS[config.method](build_setup(config, ds)), ds
 
 
+def test_the_shared_run_is_this_files_config(resist_run):
+  assert resist_run.method.setup.config == replica_config('resist')
+
+
 @pytest.mark.parametrize('method', ['resist', 'localsgd'])
-def test_matches_the_sequential_reference(method, workdir):
+def test_matches_the_sequential_reference(method, workdir, request):
   """L = 2, 5 steps: two averaging rounds and one step into the third.
 
   Tolerance: this tiny pre-activation net (8 to 64 channels) amplifies float32 rounding unusually
   fast (about 6x per step at lr 0.005): two compilations of the engine itself (4 devices against 1)
   drift 5e-5 apart in 7 steps, a reference that runs block by block up to 1e-3; hence few steps. A
   semantic slip is far larger: the reference without the re-draw is 0.3 away (checked below)."""
-  config = replica_config(method, workers=4 if method == 'resist' else 2)
-  result = train_and_evaluate(config, workdir)
+  if method == 'resist':
+    result = request.getfixturevalue('resist_run')
+    config = result.method.setup.config
+  else:
+    config = replica_config(method, workers=2)
+    result = train_and_evaluate(config, workdir)
   reference = reference_replica(config, 5, partition=method == 'resist')
   for w in range(config.replica.num_workers):
     assert_trees_close(worker_variables(result.state, w), reference[w], tol=1e-3)
@@ -189,15 +197,15 @@ def test_s1_with_momentum_averaged_equals_plain_sgd(workdir, tmp_path):
   assert_trees_close(worker_variables(resist.state, 0), bp.variables, tol=2e-4)  # see the note above
 
 
-def test_fewer_devices_than_workers_give_the_same_numbers(tmp_path):
+def test_fewer_devices_than_workers_give_the_same_numbers(resist_run, workdir):
   """4 workers on 4 devices, and looped on 1: the same program per worker, only XLA's fusion around
   the loop differs (see the tolerance note above)."""
-  runs = [train_and_evaluate(replica_config('resist', **{'replica.num_devices': n}),
-                             str(tmp_path / str(n))) for n in (4, 1)]
+  looped = train_and_evaluate(replica_config('resist', **{'replica.num_devices': 1}), workdir)
+  runs = [resist_run, looped]
   assert [r.method.engine.mesh.devices.size for r in runs] == [4, 1]
   assert [r.method.engine.per_device for r in runs] == [1, 4]
-  assert_trees_close((runs[1].state.params, runs[1].state.batch_stats),
-                     (runs[0].state.params, runs[0].state.batch_stats), tol=2e-4)
+  assert_trees_close((looped.state.params, looped.state.batch_stats),
+                     (resist_run.state.params, resist_run.state.batch_stats), tol=2e-4)
 
 
 def test_a_block_is_untouched_by_non_owners_and_not_computed(workdir):

@@ -1,0 +1,329 @@
+"""Reproduction studies: named lists of runs, run in pieces, collected into docs/RESULTS.md.
+
+  python -m jaxdecouple.study --study=cpu_fmnist --workdir=studies/cpu_fmnist            # run (resumable)
+  python -m jaxdecouple.study --study=cpu_fmnist --workdir=studies/cpu_fmnist --report   # report only
+
+Each run of a study has its own workdir (WORKDIR/runs/NAME). A run that finished is skipped; an
+interrupted one resumes from its checkpoints; ``--max_runs`` and ``--time_limit_min`` stop starting
+new runs, so a long study proceeds across machines that stop every few minutes (SIGTERM stops the
+current run cleanly after a checkpoint). The report puts every finished run into a table laid out
+like the paper's (rows: architecture and K or S; columns: methods; cells: test error %, median over
+seeds with the range), the paper's numbers beside ours, and learning curves per row, with the
+machine, data, recipe, seeds, dates and the command that regenerates it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from typing import Callable, Sequence
+
+from jaxdecouple.config import get_default_config
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  row: str                      # the table row, e.g. 'ResNet-20, K=2'
+  column: str                   # the table column (method), e.g. 'FDG beta=0.5'
+  seed: int
+  build: Callable[[], object]   # returns the run's config (seed not yet set)
+
+  @property
+  def name(self) -> str:
+    slug = lambda s: re.sub(r'[^a-z0-9.]+', '-', s.lower()).strip('-')
+    return f'{slug(self.row)}__{slug(self.column)}__seed{self.seed}'
+
+  def config(self, data_path: str = ''):
+    c = self.build()
+    c.seed = self.seed
+    if data_path:
+      c.data.path = data_path
+    return c
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+  name: str
+  title: str
+  data: str                     # what data, said beside every figure
+  recipe: str
+  runs: tuple[Run, ...]
+  paper: dict = dataclasses.field(default_factory=dict)  # (row, column) -> the paper's test error %
+  needs: str = ''               # what the study needs (a GPU, a data file)
+
+  @property
+  def rows(self) -> list[str]:
+    return list(dict.fromkeys(r.row for r in self.runs))
+
+  @property
+  def columns(self) -> list[str]:
+    return list(dict.fromkeys(r.column for r in self.runs))
+
+
+# --- the studies --------------------------------------------------------------------------------
+
+SEEDS = (0, 1, 2)
+
+
+def _fmnist(method: str, model: str, epochs: int = 3, **fields):
+  def build():
+    c = get_default_config()
+    c.method, c.model, c.dataset = method, model, 'fashion_mnist'
+    c.data.source, c.data.augment = 'idx', False
+    c.num_epochs, c.optim.milestones, c.optim.learning_rate = epochs, (epochs - 1,), 0.1
+    c.log_every_steps, c.checkpoint_every_steps, c.profile_every_steps = 50, 200, 0
+    for key, value in fields.items():
+      target = c
+      *path, last = key.split('.')
+      for p in path:
+        target = target[p]
+      target[last] = value
+    return c
+  return build
+
+
+def _cpu_fmnist() -> Study:
+  runs = []
+  pipeline = [('BP', 'bp', {}), ('FDG beta=1', 'fdg', {}), ('FDG beta=0.5', 'fdg', {'pipeline.beta': 0.5}),
+              ('ADL M=2', 'adl', {'pipeline.accumulation': 2}), ('DDG', 'ddg', {}), ('FR', 'fr', {}),
+              ('DGL', 'dgl', {})]
+  for seed in SEEDS:
+    for k in (2, 4):
+      for column, method, fields in pipeline:
+        runs.append(Run(f'ResNet-20, K={k}', column, seed,
+                        _fmnist(method, 'resnet20', **{'pipeline.num_stages': k, **fields})))
+    for s in (2, 4):
+      for column, method in (('local SGD', 'localsgd'), ('ResIST', 'resist')):
+        runs.append(Run(f'preact_tiny, S={s}', column, seed, _fmnist(
+            method, 'preact_tiny', **{'replica.num_workers': s, 'replica.local_steps': 50,
+                                      'optim.learning_rate': 0.05})))
+  return Study(
+      'cpu_fmnist', 'CPU: Fashion-MNIST, every method side by side',
+      'Fashion-MNIST (the Debian package dataset-fashion-mnist; 60k train / 10k test), no augmentation',
+      'SGD lr 0.1 (ResIST and local SGD: 0.05), momentum 0.9, weight decay 5e-4, batch 128 (per worker for '
+      'the replica methods), 3 epochs, lr / 10 for the last epoch; ResNet-20 cut into K stages by the '
+      'balanced split; replica methods: 50 local steps per round. BP appears in both K rows (it has no K).',
+      tuple(runs))
+
+
+def _cifar10(method: str, epochs: int = 30, k: int = 2, beta: float = 1.0, warmup: bool = False):
+  def build():
+    from jaxdecouple.recipes import fdg_paper
+    c = fdg_paper(method, 'resnet56', 'cifar10', num_stages=k, beta=beta, warmup=warmup)
+    c.num_epochs = epochs
+    c.optim.milestones = tuple(int(round(m * epochs / 300)) for m in (150, 225, 275))
+    c.data.source = 'npz'
+    return c
+  return build
+
+
+def _gpu_cifar10() -> Study:
+  runs = []
+  for seed in SEEDS:
+    for k, tuned in ((2, 0.5), (4, 0.3)):
+      warm = k > 2
+      for column, method, beta in (('BP', 'bp', 1.0), ('FDG beta=1', 'fdg', 1.0), ('FDG tuned beta', 'fdg', tuned)):
+        runs.append(Run(f'ResNet-56, K={k}', column, seed,
+                        _cifar10(method, k=k, beta=beta, warmup=warm and method != 'bp')))
+  paper = {('ResNet-56, K=2', 'BP'): 6.19, ('ResNet-56, K=2', 'FDG beta=1'): 6.20,
+           ('ResNet-56, K=2', 'FDG tuned beta'): 5.90, ('ResNet-56, K=4', 'BP'): 6.19,
+           ('ResNet-56, K=4', 'FDG beta=1'): 6.83, ('ResNet-56, K=4', 'FDG tuned beta'): 6.14}
+  return Study(
+      'gpu_cifar10', 'GPU: CIFAR-10 ResNet-56, BP against FDG, shortened recipe',
+      'CIFAR-10 from the JPEG-compressed copy (quality 75) described in shared/data/README.md: not the '
+      'original PNGs, so absolute errors are not the paper\'s data',
+      "The FDG paper's recipe shortened to 30 epochs (lr 0.1, decays at epochs 15, 22, 28; K = 4 with "
+      "the 3-epoch warm-up at lr 0.01); tuned beta is 0.5 at K = 2 (the paper's best) and 0.3 at K = 4 "
+      "(configs/fdg_resnet56_k4.py); the paper's numbers are for 300 epochs",
+      tuple(runs), paper, needs='--data_path to the CIFAR-10 .npz; a GPU')
+
+
+def _tiny() -> Study:
+  """For the tests: synthetic data, a few steps."""
+  def build(method):
+    def b():
+      c = get_default_config()
+      c.method, c.model, c.dataset = method, 'resnet8', 'cifar10'
+      c.data.source, c.data.synthetic_train_size, c.data.synthetic_test_size = 'synthetic', 128, 64
+      c.batch_size, c.eval_batch_size, c.num_epochs, c.optim.milestones = 32, 64, 2, (1,)
+      c.log_every_steps, c.checkpoint_every_steps, c.profile_every_steps = 2, 2, 0
+      return c
+    return b
+  runs = tuple(Run('ResNet-8, K=2', column, seed, build(method))
+               for seed in (0, 1) for column, method in (('BP', 'bp'), ('FDG beta=1', 'fdg')))
+  return Study('tiny', 'Test study', 'synthetic', '2 epochs of 4 steps', runs,
+               {('ResNet-8, K=2', 'BP'): 50.0})
+
+
+STUDIES: dict[str, Callable[[], Study]] = {'cpu_fmnist': _cpu_fmnist, 'gpu_cifar10': _gpu_cifar10, 'tiny': _tiny}
+
+
+# --- running ------------------------------------------------------------------------------------
+
+def run_dir(workdir: str, run: Run) -> str:
+  return os.path.join(workdir, 'runs', run.name)
+
+
+def is_finished(workdir: str, run: Run) -> bool:
+  return os.path.exists(os.path.join(run_dir(workdir, run), 'finished.json'))
+
+
+def machine() -> dict:
+  import jax
+  d = jax.devices()[0]
+  return {'platform': d.platform, 'device': d.device_kind, 'devices': jax.device_count(),
+          'cpu': platform.processor() or platform.machine(), 'cpu_count': os.cpu_count(),
+          'jax': jax.__version__, 'python': platform.python_version()}
+
+
+def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0,
+              time_limit_s: float = 0.0, log: Callable[[str], None] = print) -> dict:
+  """Runs the study's unfinished runs in order; returns counts of finished, run and left runs."""
+  from jaxdecouple.train import train_and_evaluate
+  start, ran = time.time(), 0
+  for i, run in enumerate(study.runs):
+    if is_finished(workdir, run):
+      continue
+    if (max_runs and ran >= max_runs) or (time_limit_s and time.time() - start > time_limit_s):
+      break
+    where = run_dir(workdir, run)
+    os.makedirs(where, exist_ok=True)
+    with open(os.path.join(where, 'machines.jsonl'), 'a', encoding='utf-8') as f:
+      f.write(json.dumps({'date': datetime.datetime.now().isoformat(timespec='seconds'), **machine()}) + '\n')
+    log(f'[{i + 1}/{len(study.runs)}] {run.name}')
+    result = train_and_evaluate(run.config(data_path), where)
+    ran += 1
+    if not result.finished:  # stopped by SIGTERM: leave it to the next call
+      log(f'{run.name} stopped at step {result.step}; run the same command again to continue')
+      break
+    with open(os.path.join(where, 'finished.json'), 'w', encoding='utf-8') as f:
+      json.dump({'step': result.step, **(result.last_eval or {})}, f)
+  done = sum(is_finished(workdir, r) for r in study.runs)
+  return {'finished': done, 'ran': ran, 'left': len(study.runs) - done}
+
+
+# --- the report -----------------------------------------------------------------------------------
+
+def _final_error(workdir: str, run: Run) -> float | None:
+  if not is_finished(workdir, run):
+    return None
+  with open(os.path.join(run_dir(workdir, run), 'finished.json'), encoding='utf-8') as f:
+    return 100.0 * (1.0 - json.load(f)['test_accuracy'])
+
+
+def _cell(errors: Sequence[float]) -> str:
+  if not errors:
+    return '-'
+  median = statistics.median(errors)
+  spread = f' ({min(errors):.2f}-{max(errors):.2f})' if len(errors) > 1 else ''
+  return f'{median:.2f}{spread}, n={len(errors)}'
+
+
+def report(study: Study, workdir: str, results_path: str, figures_dir: str, command: str) -> str:
+  """Writes the study's section of the results page and its curves; returns the markdown."""
+  from jaxdecouple.plots import plot_curves
+  lines = [f'## {study.title}', '',
+           f'Generated by `{command}` on {datetime.date.today().isoformat()} from {workdir}.', '',
+           f'- Data: {study.data}.', f'- Recipe: {study.recipe}.',
+           f'- Seeds: {", ".join(map(str, sorted({r.seed for r in study.runs})))}; cells are the test error (%) at '
+           'the last epoch: median over the finished seeds (min-max), n = seeds finished.']
+  machines, dates = set(), []
+  for run in study.runs:
+    path = os.path.join(run_dir(workdir, run), 'machines.jsonl')
+    if is_finished(workdir, run) and os.path.exists(path):
+      with open(path, encoding='utf-8') as f:
+        for line in f:
+          m = json.loads(line)
+          dates.append(m.pop('date')[:10])
+          machines.add(json.dumps(m, sort_keys=True))
+  for m in sorted(machines):
+    m = json.loads(m)
+    lines.append(f"- Machine: {m['devices']} x {m['device']} ({m['platform']}), host CPU {m['cpu']} with "
+                 f"{m['cpu_count']} cores, jax {m['jax']}, Python {m['python']}.")
+  if dates:
+    lines.append(f'- Run dates: {min(dates)} to {max(dates)}.')
+  done = sum(is_finished(workdir, r) for r in study.runs)
+  lines += [f'- Finished runs: {done} of {len(study.runs)}.', '']
+  header = ['row'] + [c for col in study.columns for c in (col, 'paper')
+                      if c != 'paper' or any((row, col) in study.paper for row in study.rows)]
+  lines += ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+  for row in study.rows:
+    cells = [row]
+    for col in study.columns:
+      errors = [e for r in study.runs if r.row == row and r.column == col
+                if (e := _final_error(workdir, r)) is not None]
+      cells.append(_cell(errors))
+      if any((rw, col) in study.paper for rw in study.rows):
+        cells.append(f'{study.paper[(row, col)]:.2f}' if (row, col) in study.paper else '-')
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  lines.append('')
+  os.makedirs(figures_dir, exist_ok=True)
+  for row in study.rows:
+    first = {}
+    for r in study.runs:
+      if r.row == row and r.column not in first and is_finished(workdir, r):
+        first[r.column] = run_dir(workdir, r)
+    if not first:
+      continue
+    slug = re.sub(r'[^a-z0-9]+', '_', f'{study.name}_{row}'.lower()).strip('_')
+    png = os.path.join(figures_dir, f'{slug}.png')
+    plot_curves({f'{c} (seed {min(r.seed for r in study.runs if r.row == row and r.column == c and is_finished(workdir, r))})': w
+                 for c, w in first.items()}, path=png, title=row)
+    rel = os.path.relpath(png, os.path.dirname(os.path.abspath(results_path)))
+    lines += [f'![{row}: test error and training loss per epoch]({rel})', '']
+  return '\n'.join(lines)
+
+
+def write_results(sections: dict[str, str], results_path: str) -> None:
+  """docs/RESULTS.md holds one generated section per study; this replaces the given ones."""
+  existing: dict[str, str] = {}
+  if os.path.exists(results_path):
+    with open(results_path, encoding='utf-8') as f:
+      text = f.read()
+    for part in re.split(r'\n(?=<!-- study: )', text):
+      m = re.match(r'<!-- study: (\S+) -->\n', part)
+      if m:
+        existing[m.group(1)] = part[m.end():].rstrip() + '\n'
+  existing.update(sections)
+  head = ['# Results', '',
+          'Every section below is generated by `python -m jaxdecouple.study --study=NAME --workdir=DIR '
+          '--report`; nothing here is typed by hand. Test error in %.', '']
+  body = [f'<!-- study: {name} -->\n{text.rstrip()}\n' for name, text in sorted(existing.items())]
+  os.makedirs(os.path.dirname(os.path.abspath(results_path)), exist_ok=True)
+  with open(results_path, 'w', encoding='utf-8') as f:
+    f.write('\n'.join(head) + '\n' + '\n'.join(body))
+
+
+def main(argv=None) -> int:
+  import argparse
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0], epilog=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--study', required=True, choices=sorted(STUDIES))
+  p.add_argument('--workdir', required=True, help='where the study keeps its runs (resumable)')
+  p.add_argument('--data_path', default='', help='the .npz data file for studies that need one')
+  p.add_argument('--max_runs', type=int, default=0, help='start at most this many runs (0: all)')
+  p.add_argument('--time_limit_min', type=float, default=0.0,
+                 help='start no new run after this many minutes (0: no limit)')
+  p.add_argument('--report', action='store_true', help='only write the report from finished runs')
+  p.add_argument('--results', default='docs/RESULTS.md', help='the results page to update')
+  p.add_argument('--figures', default='docs/figures', help='where the learning-curve PNGs go')
+  args = p.parse_args(argv)
+  study = STUDIES[args.study]()
+  if not args.report:
+    status = run_study(study, args.workdir, args.data_path, args.max_runs, args.time_limit_min * 60)
+    print(f"{status['finished']} of {len(study.runs)} runs finished ({status['ran']} run now, "
+          f"{status['left']} left)")
+  command = (f'python -m jaxdecouple.study --study={args.study} --workdir={args.workdir} --report')
+  write_results({study.name: report(study, args.workdir, args.results, args.figures, command)}, args.results)
+  print(f'wrote {args.results} and figures in {args.figures}')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
