@@ -3,7 +3,8 @@
   python benchmarks/resist_worker.py --model=preact101 --batch=32 --workers=4
 
 Times the replica engine's per-worker step (forward, backward and masked update, jitted) on one
-device with every block active (a full-model step: local SGD's worker) and with the membership of
+device with every block active (a full-model step through the same lax.cond code, and local SGD's
+worker step, which has no lax.cond at all) and with the membership of
 each of the S sub-networks of round 0 (partitioned blocks it does not own skipped by lax.cond).
 Reports the median seconds over --iters timed iterations after --warmup (compilation), each waiting
 for its result, the ratio to the full step, and the ratio predicted from the blocks' FLOPs (XLA's
@@ -59,31 +60,34 @@ def main(argv=None):
   opt_state = engine.setup.optimizer.init(params)
   images, labels = jnp.asarray(ds.x_train[:args.batch]), jnp.asarray(ds.y_train[:args.batch])
   step = jax.jit(engine._worker_step)
+  c.method = 'localsgd'
+  plain = jax.jit(METHODS['localsgd'](build_setup(c, ds)).engine._worker_step)  # no lax.cond at all
   flops = block_flops(engine.model, ds.image_shape)
   flops = dict(zip(engine.model.block_names, flops))
   full_flops = sum(flops.values())
 
   def measure(member):
-    member = jnp.asarray(member)
+    fn, member = (plain, ()) if member is None else (step, jnp.asarray(member))
     for _ in range(args.warmup):
-      jax.block_until_ready(step(params, stats, opt_state, member, images, labels, 0, np.int32(0)))
+      jax.block_until_ready(fn(params, stats, opt_state, member, images, labels, 0, np.int32(0)))
     times = []
     for _ in range(args.iters):
       start = time.perf_counter()
-      jax.block_until_ready(step(params, stats, opt_state, member, images, labels, 0, np.int32(0)))
+      jax.block_until_ready(fn(params, stats, opt_state, member, images, labels, 0, np.int32(0)))
       times.append(time.perf_counter() - start)
     return statistics.median(times)
 
   blocks = engine.partitioned
-  rows = [('full model', np.ones(len(blocks), bool))]
+  rows = [('full model', np.ones(len(blocks), bool)), ('full model, no lax.cond (local SGD)', None)]
   membership = engine.membership(0)
   rows += [(f'worker {w} of {args.workers}', membership[w]) for w in range(args.workers)]
   results, full = [], None
   for label, member in rows:
     seconds = measure(member)
     full = full or seconds
-    predicted = sum(v for n, v in flops.items() if n not in blocks or member[blocks.index(n)]) / full_flops
-    record = {'model': args.model, 'batch': args.batch, 'run': label, 'blocks': int(member.sum()),
+    active = np.ones(len(blocks), bool) if member is None else member
+    predicted = sum(v for n, v in flops.items() if n not in blocks or active[blocks.index(n)]) / full_flops
+    record = {'model': args.model, 'batch': args.batch, 'run': label, 'blocks': int(active.sum()),
               'seconds': round(seconds, 4), 'ratio': round(seconds / full, 3),
               'flop_ratio': round(predicted, 3), 'device': str(jax.devices()[0].device_kind)}
     results.append(record)

@@ -1,11 +1,13 @@
 """The width-wise (replica) engine: S workers train copies or sub-networks, then average.
 
 Every per-worker array is stacked on a leading worker axis and sharded over a 'worker' mesh axis;
-a local iteration runs under ``jax.shard_map``, each device looping (``lax.map``) over the workers
-it holds, so S workers run on S devices, or on fewer devices with the same code and numbers.
+a local iteration runs under ``jax.shard_map``, each device running the workers it holds one after
+another, so S workers run on S devices, or on fewer devices with the same code and numbers.
 Inside, a worker's membership of a partitioned block is a scalar and ``lax.cond`` skips the block
 (identity, no compute, no gradient); the update is masked too, so a block a worker does not own is
-left exactly as it was (weight decay and momentum included).
+left exactly as it was (weight decay and momentum included). Caveat measured on the CPU: XLA:CPU
+runs convolutions inside a conditional about 20x slower than outside one (see docs/PERFORMANCE.md),
+so there the skipping saves compute but the step is slower than a plain full-model step.
 
 Every ``local_steps`` iterations the workers average: a leaf of block b is averaged over the
 workers whose weight for b is 1 (shared blocks: all workers; partitioned ones: their owners this
@@ -180,14 +182,15 @@ class Replica:
     return new_params, new_stats, new_opt, loss, accuracy
 
   def _local(self, params, stats, opt_state, member, images, labels, step):
+    """This device's workers, one after another. A Python loop, unrolled at trace time, rather than
+    ``lax.map``: XLA:CPU runs convolutions inside loop bodies an order of magnitude slower."""
     base = jax.lax.axis_index(AXIS) * self.per_device
-
-    def one(args):
-      i, p, st, o, m, img, lab = args
-      return self._worker_step(p, st, o, m, img, lab, base + i, step)
-
-    ids = jnp.arange(self.per_device)
-    p, st, o, loss, acc = jax.lax.map(one, (ids, params, stats, opt_state, member, images, labels))
+    outs = []
+    for i in range(self.per_device):
+      take = lambda tree: jax.tree.map(lambda x: x[i], tree)
+      outs.append(self._worker_step(take(params), take(stats), take(opt_state), take(member), images[i],
+                                    labels[i], base + i, step))
+    p, st, o, loss, acc = jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
     loss, acc = jax.lax.pmean((jnp.mean(loss), jnp.mean(acc)), AXIS)
     return p, st, o, loss, acc
 
