@@ -88,6 +88,17 @@ def get_default_config() -> ml_collections.ConfigDict:
   return c
 
 
+def set_fields(config, fields: dict) -> ml_collections.ConfigDict:
+  """Sets dotted fields, e.g. {'pipeline.num_stages': 4, 'optim.learning_rate': 0.05}; returns config."""
+  for key, value in fields.items():
+    target = config
+    *path, last = key.split('.')
+    for part in path:
+      target = target[part]
+    target[last] = value
+  return config
+
+
 def fail(field: str, message: str):
   raise ConfigError(f'config.{field}: {message}')
 

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Callable, Sequence
 
-from jaxdecouple.config import get_default_config
+from jaxdecouple.config import get_default_config, set_fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,13 +78,7 @@ def _fmnist(method: str, model: str, epochs: int = 3, **fields):
     c.data.source, c.data.augment = 'idx', False
     c.num_epochs, c.optim.milestones, c.optim.learning_rate = epochs, (epochs - 1,), 0.1
     c.log_every_steps, c.checkpoint_every_steps, c.profile_every_steps = 50, 200, 0
-    for key, value in fields.items():
-      target = c
-      *path, last = key.split('.')
-      for p in path:
-        target = target[p]
-      target[last] = value
-    return c
+    return set_fields(c, fields)
   return build
 
 

@@ -18,7 +18,7 @@ jax.config.update('jax_compilation_cache_dir', tempfile.mkdtemp(prefix='jaxdecou
 jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
 jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 
-from jaxdecouple.config import get_default_config  # noqa: E402
+from jaxdecouple.config import get_default_config, set_fields  # noqa: E402
 
 
 def tiny_config(**overrides):
@@ -35,13 +35,7 @@ def tiny_config(**overrides):
   c.optim.milestones = (1,)
   c.log_every_steps = 4
   c.checkpoint_every_steps = 4
-  for key, value in overrides.items():
-    target = c
-    *path, last = key.split('.')
-    for p in path:
-      target = target[p]
-    target[last] = value
-  return c
+  return set_fields(c, overrides)
 
 
 def assert_trees_equal(a, b, atol=0.0, rtol=0.0):
