@@ -1,11 +1,12 @@
-"""A ResIST worker's training step against a full-model step, with the same compiled code.
+"""A ResIST worker's training step against a full-model step.
 
-  python benchmarks/resist_worker.py --model=preact101 --batch=32 --workers=4
+  python benchmarks/resist_worker.py --model=preact101 --batch=32 --workers=4 [--with_cond]
 
-Times the replica engine's per-worker step (forward, backward and masked update, jitted) on one
-device with every block active (a full-model step through the same lax.cond code, and local SGD's
-worker step, which has no lax.cond at all) and with the membership of
-each of the S sub-networks of round 0 (partitioned blocks it does not own skipped by lax.cond).
+Times, on one device, jitted training steps (forward, backward and masked update) of: the full model
+with no skipping machinery at all (local SGD's worker step: the reference), and each of the S
+sub-networks of round 0 as the replica engine runs them: by default (replica.skip=gather) the
+worker's own partitioned blocks gathered into fixed slots, no control flow; with --with_cond also
+through lax.cond per block (replica.skip=cond), and the full model through that lax.cond code.
 Reports the median seconds over --iters timed iterations after --warmup (compilation), each waiting
 for its result, the ratio to the full step, and the ratio predicted from the blocks' FLOPs (XLA's
 cost analysis of each block's forward). Prints one JSON line per measurement, then a markdown table.
@@ -29,6 +30,7 @@ def parse_args(argv=None):
   p.add_argument('--batch', type=int, default=32, help='batch size per worker')
   p.add_argument('--workers', type=int, default=4, help='S: the number of sub-networks')
   p.add_argument('--min_depth', type=int, default=0, help='minimum number of partitioned blocks per worker')
+  p.add_argument('--with_cond', action='store_true', help='also time the lax.cond variant (slow on CPU)')
   p.add_argument('--warmup', type=int, default=2, help='untimed iterations (compilation)')
   p.add_argument('--iters', type=int, default=5, help='timed iterations')
   p.add_argument('--json_out', default='', help='also append the JSON lines to this file')
@@ -53,21 +55,24 @@ def main(argv=None):
   c.data.synthetic_train_size = max(args.batch, 256)
   c.replica.num_workers, c.replica.min_depth, c.replica.num_devices = args.workers, args.min_depth, 1
   ds = load_dataset(c.data, c.dataset)
-  method = METHODS['resist'](build_setup(c, ds))
-  engine = method.engine
+  engines = {}
+  for skip in ('gather', 'cond'):
+    c.replica.skip = skip
+    engines[skip] = METHODS['resist'](build_setup(c, ds)).engine
+  engine = engines['gather']
   variables = jax.device_get(engine.model.init(jax.random.key(0), jnp.zeros((1, *ds.image_shape))))
   params, stats = variables['params'], variables['batch_stats']
   opt_state = engine.setup.optimizer.init(params)
   images, labels = jnp.asarray(ds.x_train[:args.batch]), jnp.asarray(ds.y_train[:args.batch])
-  step = jax.jit(engine._worker_step)
+  steps = {skip: jax.jit(e._worker_step) for skip, e in engines.items()}
   c.method = 'localsgd'
-  plain = jax.jit(METHODS['localsgd'](build_setup(c, ds)).engine._worker_step)  # no lax.cond at all
+  plain = jax.jit(METHODS['localsgd'](build_setup(c, ds)).engine._worker_step)  # no skipping at all
   flops = block_flops(engine.model, ds.image_shape)
   flops = dict(zip(engine.model.block_names, flops))
   full_flops = sum(flops.values())
 
-  def measure(member):
-    fn, member = (plain, ()) if member is None else (step, jnp.asarray(member))
+  def measure(member, skip):
+    fn, member = (plain, ()) if member is None else (steps[skip], jnp.asarray(member))
     for _ in range(args.warmup):
       jax.block_until_ready(fn(params, stats, opt_state, member, images, labels, 0, np.int32(0)))
     times = []
@@ -78,16 +83,23 @@ def main(argv=None):
     return statistics.median(times)
 
   blocks = engine.partitioned
-  rows = [('full model', np.ones(len(blocks), bool)), ('full model, no lax.cond (local SGD)', None)]
   membership = engine.membership(0)
-  rows += [(f'worker {w} of {args.workers}', membership[w]) for w in range(args.workers)]
+  rows = [('full model (local SGD step, no skipping)', None, None)]
+  rows += [(f'worker {w} of {args.workers}, gathered', membership[w], 'gather') for w in range(args.workers)]
+  if args.with_cond:
+    rows += [('full model through lax.cond', np.ones(len(blocks), bool), 'cond')]
+    rows += [(f'worker {w} of {args.workers}, lax.cond', membership[w], 'cond') for w in range(args.workers)]
   results, full = [], None
-  for label, member in rows:
-    seconds = measure(member)
+  for label, member, skip in rows:
+    seconds = measure(member, skip)
     full = full or seconds
     active = np.ones(len(blocks), bool) if member is None else member
-    predicted = sum(v for n, v in flops.items() if n not in blocks or active[blocks.index(n)]) / full_flops
-    record = {'model': args.model, 'batch': args.batch, 'run': label, 'blocks': int(active.sum()),
+    # gathered: every slot is computed, a sub-network smaller than the largest one drops its last slot
+    computed = engine.slots if skip == 'gather' else int(active.sum())
+    predicted = (sum(v for n, v in flops.items() if n not in blocks)
+                 + computed * flops[blocks[0]]) / full_flops
+    record = {'model': args.model, 'batch': args.batch, 'run': label, 'skip': skip, 'blocks': int(active.sum()),
+              'computed': computed,
               'seconds': round(seconds, 4), 'ratio': round(seconds / full, 3),
               'flop_ratio': round(predicted, 3), 'device': str(jax.devices()[0].device_kind)}
     results.append(record)
@@ -97,10 +109,10 @@ def main(argv=None):
         f.write(json.dumps(record) + '\n')
   print(f'\n{args.model}, batch {args.batch} per worker, {len(blocks)} partitioned blocks, S = {args.workers}, '
         f'on {jax.devices()[0].device_kind}\n')
-  print('| step | partitioned blocks run | s/step | vs full | FLOP ratio |')
-  print('|---|---|---|---|---|')
+  print('| step | partitioned blocks owned | computed | s/step | vs full | FLOP ratio |')
+  print('|---|---|---|---|---|---|')
   for r in results:
-    print(f"| {r['run']} | {r['blocks']} | {r['seconds']:.3f} | {r['ratio']:.2f} | {r['flop_ratio']:.2f} |")
+    print(f"| {r['run']} | {r['blocks']} | {r['computed']} | {r['seconds']:.3f} | {r['ratio']:.2f} | {r['flop_ratio']:.2f} |")
 
 
 if __name__ == '__main__':

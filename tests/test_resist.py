@@ -9,7 +9,8 @@ from conftest import assert_trees_close, assert_trees_equal, tiny_config
 from jaxdecouple.data import Preprocess, TrainOrder, load_dataset, train_inputs
 from jaxdecouple.errors import ConfigError
 from jaxdecouple.models import build_model
-from jaxdecouple.replica import compress, draw_partition, partitioned_blocks, slice_sizes
+from jaxdecouple.replica import compress, draw_partition, masked_apply, partitioned_blocks, slice_sizes
+from jaxdecouple.replica.engine import slot_count
 from jaxdecouple.train import train_and_evaluate
 
 
@@ -208,10 +209,11 @@ def test_fewer_devices_than_workers_give_the_same_numbers(resist_run, workdir):
                      (resist_run.state.params, resist_run.state.batch_stats), tol=2e-4)
 
 
-def test_a_block_is_untouched_by_non_owners_and_not_computed(workdir):
+@pytest.mark.parametrize('skip', ['gather', 'cond'])
+def test_a_block_is_untouched_by_non_owners_and_not_computed(skip, workdir):
   """NaN in a block a worker does not own: had it been computed (even masked by a select), its
   gradient would be NaN. It is skipped, so the worker trains on, and the block stays bit-identical."""
-  config = replica_config('resist', workers=2, local=100)
+  config = replica_config('resist', workers=2, local=100, **{'replica.skip': skip})
   method, ds = build_method(config)
   engine = method.engine
   order = TrainOrder(len(ds.x_train), config.batch_size, config.seed)
@@ -231,6 +233,50 @@ def test_a_block_is_untouched_by_non_owners_and_not_computed(workdir):
   for n in blocks:
     if not member[0, blocks.index(n)]:
       assert_trees_equal(jax.tree.map(lambda x: x[0], after[n]), jax.tree.map(lambda x: x[0], before[n]))
+
+
+def test_slots_hold_the_largest_sub_network():
+  assert [slot_count(22, s) for s in (2, 4, 8)] == [11, 6, 3]
+  assert slot_count(22, 8, min_depth=4) == 4 and slot_count(5, 2) == 3 and slot_count(5, 1, 9) == 5
+  for workers, depth in ((2, 0), (4, 0), (8, 0), (8, 4), (4, 9)):
+    for r in range(5):
+      assert draw_partition(22, workers, 0, r, depth).sum(1).max() == slot_count(22, workers, depth)
+
+
+@pytest.mark.parametrize('member', [[1, 0, 1, 0, 1], [0, 1, 0, 0, 1], [0, 0, 0, 1, 0]])
+def test_gathered_and_conditional_skipping_compute_the_same(member):
+  """One forward (BN in training mode) of the sub-network, three ways: blocks gathered into 3 slots
+  (fewer owned blocks leave slots that must be dropped), ``lax.cond`` per block, and the chain run
+  block by block without the blocks not owned. Outputs and batch statistics agree."""
+  model = build_model('preact_tiny', 10)
+  blocks = partitioned_blocks(model)
+  index = {n: i for i, n in enumerate(blocks)}
+  x = jnp.asarray(np.random.default_rng(1).normal(size=(8, 32, 32, 3)), jnp.float32)
+  variables = model.init(jax.random.key(3), x[:1])
+  variables = jax.tree.map(lambda v: v + 0.1 * jax.random.normal(jax.random.key(4), v.shape), variables)
+  m = jnp.asarray(member, bool)
+  run = lambda skip: jax.jit(lambda v, x, m: masked_apply(model.chain, index, v, x, m, train=True, skip=skip,
+                                                          slots=3))(variables, x, m)
+  gathered, conditional = run('gather'), run('cond')
+  h, stats = x, {}
+  for n, module in zip(model.block_names, model.chain.modules):
+    v = {c: variables[c][n] for c in variables if n in variables[c]}
+    if n in index and not member[index[n]]:
+      stats[n] = v['batch_stats']
+    elif 'batch_stats' in v:
+      h, upd = module.apply(v, h, train=True, mutable=['batch_stats'])
+      stats[n] = upd['batch_stats']
+    else:
+      h = module.apply(v, h, train=True)
+  assert_trees_close(gathered, (h, stats), tol=1e-5)
+  assert_trees_close(conditional, (h, stats), tol=1e-5)
+
+
+def test_gathered_and_conditional_skipping_train_alike(resist_run, workdir):
+  conditional = train_and_evaluate(replica_config('resist', **{'replica.skip': 'cond'}), workdir)
+  assert resist_run.method.engine.spec.skip == 'gather' and conditional.method.engine.spec.skip == 'cond'
+  assert_trees_close((conditional.state.params, conditional.state.batch_stats),
+                     (resist_run.state.params, resist_run.state.batch_stats), tol=2e-4)
 
 
 # --- aggregation against numpy ---------------------------------------------------------------------
@@ -336,6 +382,7 @@ def test_communication_for_resnet101_against_the_papers_table():
     ({'replica.num_workers': 0}, 'replica.num_workers'),
     ({'replica.num_workers': 6}, 'replica.num_workers'),
     ({'replica.momentum': 'keep'}, 'replica.momentum'),
+    ({'replica.skip': 'mask'}, 'replica.skip'),
     ({'replica.quantize_bits': 2}, 'replica.quantize_bits'),
     ({'model': 'resnet8'}, 'model'),
 ])

@@ -42,6 +42,8 @@ class ReplicaMethod(Method):
       fail('replica.quantize_bits', f'must be 0 (off) or 4..8, got {r.quantize_bits}')
     if not 0 <= r.sparsify < 1:
       fail('replica.sparsify', f'must be in [0, 1) (fraction kept; 0 = off), got {r.sparsify}')
+    if r.skip not in ('gather', 'cond'):
+      fail('replica.skip', f"{r.skip!r} is not allowed; choose gather (default, fast everywhere) or cond")
     if r.min_depth < 0:
       fail('replica.min_depth', f'must be non-negative, got {r.min_depth}')
     if r.num_devices < 0:
@@ -62,7 +64,8 @@ class ReplicaMethod(Method):
     r = setup.config.replica
     spec = ReplicaSpec(r.num_workers, r.local_steps, partition=self.partition, average=self.average,
                        redraw=self.redraw, min_depth=r.min_depth, momentum=r.momentum,
-                       batch_norm=r.batch_norm, quantize_bits=r.quantize_bits, sparsify=r.sparsify)
+                       batch_norm=r.batch_norm, quantize_bits=r.quantize_bits, sparsify=r.sparsify,
+                       skip=r.skip)
     n = r.num_devices or len(setup.devices)
     if n > len(setup.devices):
       fail('replica.num_devices', f'{n} devices asked for but only {len(setup.devices)} present')
@@ -134,10 +137,12 @@ class Ensemble(ReplicaMethod):
     e, train = self.engine, self.eval_uses_batch_statistics
 
     def predict(variables, x):
-      def one(args):
-        p, s, m = args
-        logits, _ = masked_apply(e.chain, e.index, {'params': p, 'batch_stats': s}, x, m, train=train)
-        return jax.nn.softmax(logits.astype(jnp.float32))
-      probs = jax.lax.map(one, (variables['params'], variables['batch_stats'], variables['membership']))
-      return jnp.log(jnp.mean(probs, axis=0))
+      probs = []
+      for w in range(e.spec.num_workers):  # unrolled: XLA:CPU runs convolutions in loops slowly
+        p, s, m = jax.tree.map(lambda v: v[w], (variables['params'], variables['batch_stats'],
+                                                variables['membership']))
+        logits, _ = masked_apply(e.chain, e.index, {'params': p, 'batch_stats': s}, x, m, train=train,
+                                 skip=e.spec.skip, slots=e.slots)
+        probs.append(jax.nn.softmax(logits.astype(jnp.float32)))
+      return jnp.log(jnp.mean(jnp.stack(probs), axis=0))
     return predict

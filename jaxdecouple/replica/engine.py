@@ -3,11 +3,12 @@
 Every per-worker array is stacked on a leading worker axis and sharded over a 'worker' mesh axis;
 a local iteration runs under ``jax.shard_map``, each device running the workers it holds one after
 another, so S workers run on S devices, or on fewer devices with the same code and numbers.
-Inside, a worker's membership of a partitioned block is a scalar and ``lax.cond`` skips the block
-(identity, no compute, no gradient); the update is masked too, so a block a worker does not own is
-left exactly as it was (weight decay and momentum included). Caveat measured on the CPU: XLA:CPU
-runs convolutions inside a conditional about 20x slower than outside one (see docs/PERFORMANCE.md),
-so there the skipping saves compute but the step is slower than a plain full-model step.
+Inside, a worker runs only the partitioned blocks it owns (identity elsewhere, no compute, no
+gradient): by default its blocks are gathered by index from the stacked partitioned blocks into a
+fixed number of slots (no control flow); ``skip='cond'`` uses ``lax.cond`` per block instead, which
+XLA:CPU runs about 20x slower (convolutions inside a conditional; see docs/PERFORMANCE.md). The
+update is masked too, so a block a worker does not own is left exactly as it was (weight decay and
+momentum included).
 
 Every ``local_steps`` iterations the workers average: a leaf of block b is averaged over the
 workers whose weight for b is 1 (shared blocks: all workers; partitioned ones: their owners this
@@ -16,6 +17,7 @@ round), ``psum(w * p) / psum(w)``. Then the next round's partition is drawn from
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, NamedTuple, Sequence
 
@@ -45,6 +47,7 @@ class ReplicaSpec:
   batch_norm: str = 'batch'     # batch (batch statistics at test time too) | running
   quantize_bits: int = 0
   sparsify: float = 0.0
+  skip: str = 'gather'          # how a worker skips blocks it does not own: gather | cond
 
   @property
   def compresses(self) -> bool:
@@ -59,28 +62,79 @@ class ReplicaState(NamedTuple):
   anchor: Any          # the round's starting parameters when compressing (what deltas refer to), else ()
 
 
-def masked_apply(chain: Chain, index: dict[str, int], variables, x, member, train: bool):
-  """Runs the chain, skipping (``lax.cond``: identity) partitioned block ``name`` unless
-  ``member[index[name]]``. Returns the output and the batch statistics (unchanged where skipped)."""
+def _run_block(module, block, x, train: bool):
+  """One block's output and its batch statistics (updated when training with BN, else as given)."""
+  if train and 'batch_stats' in block:
+    y, updated = module.apply(block, x, train=True, mutable=['batch_stats'])
+    return y, updated['batch_stats']
+  return module.apply(block, x, train=train), block.get('batch_stats')
+
+
+def masked_apply(chain: Chain, index: dict[str, int], variables, x, member, train: bool,
+                 skip: str = 'gather', slots: int | None = None):
+  """Runs the chain with only the partitioned blocks ``b`` where ``member[index[b]]`` (the others are
+  identity: not computed, no gradient). Returns the output and the batch statistics (unchanged where
+  skipped).
+
+  ``skip='gather'`` (default): the partitioned blocks (contiguous and of one shape) are stacked, the
+  worker's own ones gathered by index in chain order into ``slots`` fixed slots, as many as the
+  largest sub-network can own (``slots``; default: every partitioned block); a slot left over by a smaller sub-network repeats one of its blocks and
+  its output is discarded (the one computation that is wasted). No control flow, so it runs at full
+  speed on every backend. ``skip='cond'``: ``lax.cond`` per partitioned block (nothing wasted, but
+  XLA:CPU runs convolutions inside a conditional ~20x slower; see docs/PERFORMANCE.md).
+  """
+  names, modules = list(chain.names), list(chain.modules)
   new_stats = {}
-  for name, module in zip(chain.names, chain.modules):
+  i = 0
+  while i < len(names):
+    name, module = names[i], modules[i]
     block = {c: v[name] for c, v in variables.items() if name in v}
-    stats = block.get('batch_stats')
-
-    def run(block, x, module=module):
-      if train and 'batch_stats' in block:
-        y, updated = module.apply(block, x, train=True, mutable=['batch_stats'])
-        return y, updated['batch_stats']
-      return module.apply(block, x, train=train), block.get('batch_stats')
-
+    if name in index and skip == 'gather':
+      run = [n for n in names[i:] if n in index]
+      if any(m != module for m in modules[i:i + len(run)]):
+        raise ValueError('the partitioned blocks differ in definition; use skip="cond"')
+      x = _gathered(module, run, index, variables, x, member, train, slots or len(index), new_stats)
+      i += len(run)
+      continue
     if name in index:
-      x, stats = jax.lax.cond(member[index[name]], run, lambda block, x: (x, block.get('batch_stats')),
-                              block, x)
+      x, stats = jax.lax.cond(member[index[name]], functools.partial(_run_block, module, train=train),
+                              lambda block, x: (x, block.get('batch_stats')), block, x)
     else:
-      x, stats = run(block, x)
+      x, stats = _run_block(module, block, x, train)
     if stats is not None:
       new_stats[name] = stats
+    i += 1
   return x, new_stats
+
+
+def slot_count(num_blocks: int, num_workers: int, min_depth: int = 0) -> int:
+  """The most partitioned blocks one sub-network can own: ceil(P / S), or the minimum depth."""
+  return min(num_blocks, max(-(-num_blocks // num_workers), min_depth))
+
+
+def _gathered(module, run: list[str], index, variables, x, member, train: bool, slots: int,
+              new_stats: dict):
+  """The contiguous partitioned blocks ``run`` (one module definition, stacked) through ``slots``
+  slots: the worker's own blocks in chain order, then repeats of its first one whose outputs are
+  dropped (``jnp.where`` on the output, so their gradient is exactly zero)."""
+  if [index[n] for n in run] != list(range(len(index))):
+    raise ValueError('the partitioned blocks must be contiguous in the chain; use skip="cond"')
+  stacked = {c: jax.tree.map(lambda *xs: jnp.stack(xs), *[v[n] for n in run])
+             for c, v in variables.items() if run[0] in v}
+  count = jnp.sum(member)
+  order = jnp.argsort(jnp.logical_not(member), stable=True)  # owned blocks first, in chain order
+  for j in range(slots):
+    valid = j < count
+    b = jnp.where(valid, order[j], order[0])
+    y, stats = _run_block(module, jax.tree.map(lambda s: s[b], stacked), x, train)
+    x = jnp.where(valid, y, x)
+    if stats is not None:
+      stacked['batch_stats'] = jax.tree.map(
+          lambda s, new: s.at[b].set(jnp.where(valid, new, s[b])), stacked['batch_stats'], stats)
+  if 'batch_stats' in stacked:
+    for k, n in enumerate(run):
+      new_stats[n] = jax.tree.map(lambda s: s[k], stacked['batch_stats'])
+  return x
 
 
 def _block_of(path, names: frozenset) -> str | None:
@@ -113,6 +167,7 @@ class Replica:
     self.chain = self.model.chain
     self.partitioned = partitioned_blocks(self.model) if spec.partition else ()
     self.index = {n: i for i, n in enumerate(self.partitioned)}
+    self.slots = slot_count(len(self.partitioned), spec.num_workers, spec.min_depth)
     self.block_names = frozenset(self.chain.names)
     d = max(n for n in range(1, min(len(devices), spec.num_workers) + 1) if spec.num_workers % n == 0)
     self.mesh = Mesh(np.array(devices[:d]), (AXIS,))
@@ -167,7 +222,7 @@ class Replica:
 
     def loss_fn(p):
       logits, new_stats = masked_apply(self.chain, self.index, {'params': p, 'batch_stats': stats}, x,
-                                       member, train=True)
+                                       member, train=True, skip=self.spec.skip, slots=self.slots)
       loss, accuracy = classification_loss(logits, labels)
       return loss, (new_stats, accuracy)
 
