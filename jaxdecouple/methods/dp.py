@@ -9,9 +9,11 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jaxdecouple.common import VjpStash, use_split_backward
 from jaxdecouple.config import fail
 from jaxdecouple.data import Batch, train_inputs
 from jaxdecouple.methods.base import Setup, classification_loss
@@ -45,15 +47,47 @@ class DP(BP):
   def init(self, rng, example: Batch) -> BPState:
     return jax.device_put(super().init(rng, example), self.replicated)
 
+  def _shard_loss_fn(self, batch_stats, x, labels):
+    def loss_fn(p):
+      logits, stats = self.sharded_model.apply({'params': p, 'batch_stats': batch_stats}, x, train=True)
+      loss, accuracy = classification_loss(logits, labels)
+      return loss, (stats, accuracy)
+    return loss_fn
+
+  @functools.cached_property
+  def _dp_split_step(self):
+    """The step as two compiled calls (see ``use_split_backward``): each device's forward keeping its
+    vjp residuals (given a leading device axis, so they stay where they were made), then the backward,
+    the gradient average and the update."""
+    s, stash = self.setup, VjpStash()
+    shard = lambda f, in_specs, out_specs: jax.shard_map(f, mesh=self.mesh, in_specs=in_specs,
+                                                          out_specs=out_specs, check_vma=False)
+
+    def forward_shard(params, batch_stats, x, labels):
+      loss, vjp_fn, (stats, accuracy) = jax.vjp(self._shard_loss_fn(batch_stats, x, labels), params,
+                                                has_aux=True)
+      loss, accuracy = jax.lax.pmean((loss, accuracy), AXIS)
+      return loss, accuracy, stats, tuple(r[None] for r in stash.flatten(vjp_fn))
+
+    def backward_shard(params, opt_state, residuals, step):
+      (grads,) = stash.unflatten([r[0] for r in residuals])(jnp.ones((), jnp.float32))
+      grads = jax.lax.pmean(grads, AXIS)
+      return self._update(grads, opt_state, params, step)
+
+    def forward(params, batch_stats, images, labels, step):
+      x = train_inputs(images, step, s.config.seed, s.preprocess)
+      return shard(forward_shard, (P(), P(), P(AXIS), P(AXIS)), (P(), P(), P(), P(AXIS)))(
+          params, batch_stats, x, labels)
+
+    backward = shard(backward_shard, (P(), P(), P(AXIS), P()), P())
+    return jax.jit(forward, donate_argnums=1), jax.jit(backward, donate_argnums=(0, 1))
+
   @functools.cached_property
   def _dp_step(self):
     s = self.setup
 
     def shard_step(params, batch_stats, opt_state, x, labels, step):
-      def loss_fn(p):
-        logits, stats = self.sharded_model.apply({'params': p, 'batch_stats': batch_stats}, x, train=True)
-        loss, accuracy = classification_loss(logits, labels)
-        return loss, (stats, accuracy)
+      loss_fn = self._shard_loss_fn(batch_stats, x, labels)
       (loss, (stats, accuracy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
       grads, loss, accuracy = jax.lax.pmean((grads, loss, accuracy), AXIS)
       params, opt_state, lr = self._update(grads, opt_state, params, step)
@@ -76,7 +110,14 @@ class DP(BP):
 
   def step(self, state: BPState, batch: Batch, step: int):
     images, labels = jax.device_put((batch.images, batch.labels), self.sharded)
-    return self._dp_step(state, images, labels, np.int32(step))
+    step = np.int32(step)
+    if not use_split_backward(self.setup.config):
+      return self._dp_step(state, images, labels, step)
+    forward, backward = self._dp_split_step
+    loss, accuracy, stats, residuals = forward(state.params, state.batch_stats, images, labels, step)
+    params, opt_state, lr = backward(state.params, state.opt_state, residuals, step)
+    return BPState(params, stats, opt_state), {'train_loss': loss, 'train_accuracy': accuracy,
+                                               'learning_rate': lr}
 
   def describe(self, state) -> list[str]:
     n = self.mesh.devices.size

@@ -1,0 +1,51 @@
+"""The benchmark scripts run and report consistent records (their figures live in docs/PERFORMANCE.md)."""
+import importlib.util
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load(name):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, 'benchmarks', f'{name}.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_throughput_reports_every_kind_of_method(capsys):
+  records = load('throughput').main(['--model=preact_tiny', '--batch=8', '--warmup=2', '--iters=2',
+                                     '--local_steps=2', '--runs=bp,dp:1:2,fdg:2:2,adl:2:1,resist:2:2'])
+  assert [r['method'] for r in records] == ['bp', 'dp', 'fdg', 'adl', 'resist']
+  for r in records:
+    images = r.get('images_per_iter', 8)
+    assert r['seconds_per_iter'] > 0 and r['images_per_sec'] == pytest.approx(images / r['seconds_per_iter'], rel=0.02)
+  fdg, resist = records[2], records[4]
+  assert len(fdg['stage_seconds']) == 2 and fdg['predicted_speedup_on_k_devices'] >= 1
+  assert resist['images_per_iter'] == 16 and resist['workers'] == 2 and resist['devices'] == 2
+  assert resist['worker_seconds'] == resist['seconds_per_iter']  # one worker per device
+  out = capsys.readouterr().out
+  assert '| resist | 2 | 2 |' in out and 'predicted K-device speed-up' in out
+
+
+def test_resist_worker_benchmark_times_each_sub_network(capsys):
+  load('resist_worker').main(['--model=preact_tiny', '--batch=8', '--workers=2', '--warmup=1', '--iters=1',
+                              '--with_cond'])
+  out = capsys.readouterr().out
+  assert out.count(', gathered |') == 2 and out.count(', lax.cond |') == 2
+  assert '| full model (local SGD step, no skipping) | 5 | 5 |' in out
+  assert '| worker 1 of 2, gathered | 2 | 3 |' in out  # 5 blocks, S = 2: slots of 3, one dropped
+
+
+def test_torch_reference_runs_or_says_pytorch_is_missing(capsys):
+  module = load('torch_reference')
+  try:
+    import torch  # noqa: F401
+  except ImportError:
+    assert module.main(['--depth=8', '--batch=4', '--warmup=1', '--iters=1']) == 2
+    assert 'PyTorch is not installed' in capsys.readouterr().err
+    return
+  assert module.main(['--depth=8', '--batch=4', '--warmup=1', '--iters=1']) == 0
+  assert '"model": "resnet8"' in capsys.readouterr().out
