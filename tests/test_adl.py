@@ -12,7 +12,7 @@ from jaxdecouple.train import train_and_evaluate
 def adl_config(k, m, mode='B', steps=12, **kw):
   return tiny_config(method='adl', max_steps=steps,
                      **{'pipeline.num_stages': k, 'pipeline.accumulation': m, 'pipeline.adl_mode': mode,
-                        'pipeline.beta': 0.5, 'optim.learning_rate': 0.02, **kw})
+                        'pipeline.beta': 0.5, 'optim.learning_rate': 0.005, **kw})
 
 
 def reference_adl(config, steps, mode=None):
@@ -93,7 +93,7 @@ def test_the_comparison_is_sharp(workdir):
 def test_m1_equals_fdg(workdir, tmp_path):
   adl = train_and_evaluate(adl_config(3, 1), workdir)
   fdg = train_and_evaluate(tiny_config(method='fdg', max_steps=12, **{
-      'pipeline.num_stages': 3, 'pipeline.beta': 0.5, 'optim.learning_rate': 0.02}), str(tmp_path / 'f'))
+      'pipeline.num_stages': 3, 'pipeline.beta': 0.5, 'optim.learning_rate': 0.005}), str(tmp_path / 'f'))
   assert_trees_equal(adl.state, fdg.state)
 
 

@@ -10,7 +10,7 @@ from jaxdecouple.train import train_and_evaluate
 
 def locked_config(method, k, steps=12, **kw):
   return tiny_config(method=method, max_steps=steps,
-                     **{'pipeline.num_stages': k, 'optim.learning_rate': 0.02, **kw})
+                     **{'pipeline.num_stages': k, 'optim.learning_rate': 0.005, **kw})
 
 
 def reference_forward_locked(config, steps, replay):

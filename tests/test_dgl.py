@@ -11,10 +11,12 @@ from jaxdecouple.models import AuxHead, adaptive_avg_pool, count_params
 from jaxdecouple.train import train_and_evaluate
 
 
-def dgl_config(k, steps=12, **kw):
-  """lr 0.005: the auxiliary heads' BatchNorm over a 32-example batch makes DGL's training far more
-  sensitive to float32 rounding than the other methods (two compilations of the same engine step,
-  fused and split backward, drift 2e-3 apart in 12 steps at lr 0.01 with K = 3; 1e-4 at 0.005)."""
+def dgl_config(k, steps=3, **kw):
+  """lr 0.005 and 3 steps: the auxiliary heads' BatchNorm over a 32-example batch makes DGL's training
+  far more sensitive to float32 rounding than the other methods. Engine against the eager reference,
+  K = 2 (K = 3): 1.7e-5 (6e-5) after 3 steps, then 2e-4, 6e-4 and 1e-3 after 4, 5 and 6 steps (a
+  1-ulp change of the initial parameters was enough to move the 12-step error from below 5e-4 to
+  4e-3); the semantic slip checked below (the output sent after the update) is 2e-2 away at 3 steps."""
   return tiny_config(method='dgl', max_steps=steps, **{
       'pipeline.num_stages': k, 'optim.learning_rate': 0.005, **kw})
 
@@ -75,8 +77,8 @@ def reference_dgl(config, steps, send_after_update=False):
 def test_dgl_matches_the_sequential_reference(k, workdir):
   config = dgl_config(k)
   result = train_and_evaluate(config, workdir)
-  assert result.step == 12
-  variables, heads = reference_dgl(config, 12)
+  assert result.step == 3
+  variables, heads = reference_dgl(config, 3)
   assert_trees_close(result.variables, variables, tol=5e-4)
   for stage, (params, stats) in zip(result.state.stages, heads):
     assert_trees_close(stage.aux[:2], (params, stats), tol=5e-4)
@@ -87,7 +89,7 @@ def test_the_comparison_is_sharp(workdir):
   config = dgl_config(2)
   result = train_and_evaluate(config, workdir)
   with pytest.raises(AssertionError):
-    assert_trees_close(result.variables, reference_dgl(config, 12, send_after_update=True)[0], tol=5e-4)
+    assert_trees_close(result.variables, reference_dgl(config, 3, send_after_update=True)[0], tol=5e-4)
 
 
 def test_k1_equals_bp(workdir, tmp_path):

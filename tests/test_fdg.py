@@ -12,8 +12,8 @@ def fdg_config(k, steps=12, **kw):
 
 
 def reference_config(k, beta):
-  """lr 0.02: gentle enough that float32 noise stays far below the effect of any semantic change."""
-  return fdg_config(k, **{'pipeline.beta': beta, 'optim.learning_rate': 0.02})
+  """lr 0.005: gentle enough that float32 noise stays far below the effect of any semantic change."""
+  return fdg_config(k, **{'pipeline.beta': beta, 'optim.learning_rate': 0.005})
 
 
 def reference_fdg(config, steps):

@@ -49,7 +49,7 @@ def reference_bp(config, steps):
 
 
 def test_bp_matches_the_sequential_reference(workdir):
-  config = tiny_config(**{'optim.learning_rate': 0.02})  # see conftest.assert_trees_close
+  config = tiny_config(**{'optim.learning_rate': 0.005})  # see conftest.assert_trees_close
   result = train_and_evaluate(config, workdir)
   assert result.step == 16
   assert_trees_close(result.variables, reference_bp(config, 16), tol=5e-4)
@@ -159,7 +159,7 @@ def test_tensorboard_events_when_a_writer_library_is_installed(workdir, monkeypa
 @pytest.mark.parametrize('method', ['bp', 'fdg'])
 def test_split_and_fused_backward_agree(method, workdir, tmp_path):
   """The CPU default (forward and backward as two compiled calls) is the same step as one call."""
-  kw = {'method': method, 'max_steps': 6, 'pipeline.num_stages': 2, 'optim.learning_rate': 0.02}
+  kw = {'method': method, 'max_steps': 6, 'pipeline.num_stages': 2, 'optim.learning_rate': 0.005}
   split = train_and_evaluate(tiny_config(split_backward='on', **kw), workdir)
   fused = train_and_evaluate(tiny_config(split_backward='off', **kw), str(tmp_path / 'fused'))
   assert_trees_close(split.variables, fused.variables, tol=1e-4)
