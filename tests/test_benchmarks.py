@@ -16,13 +16,13 @@ def load(name):
 
 
 def test_throughput_reports_every_kind_of_method(capsys):
-  records = load('throughput').main(['--model=preact_tiny', '--batch=8', '--warmup=2', '--iters=2',
-                                     '--local_steps=2', '--runs=bp,dp:1:2,fdg:2:2,adl:2:1,resist:2:2'])
-  assert [r['method'] for r in records] == ['bp', 'dp', 'fdg', 'adl', 'resist']
+  records = load('throughput').main(['--model=preact_tiny', '--batch=8', '--warmup=2', '--iters=1',
+                                     '--local_steps=2', '--runs=bp,fdg:2:2,resist:2:2'])
+  assert [r['method'] for r in records] == ['bp', 'fdg', 'resist']
   for r in records:
     images = r.get('images_per_iter', 8)
     assert r['seconds_per_iter'] > 0 and r['images_per_sec'] == pytest.approx(images / r['seconds_per_iter'], rel=0.02)
-  fdg, resist = records[2], records[4]
+  fdg, resist = records[1], records[2]
   assert len(fdg['stage_seconds']) == 2 and fdg['predicted_speedup_on_k_devices'] >= 1
   assert resist['images_per_iter'] == 16 and resist['workers'] == 2 and resist['devices'] == 2
   assert resist['worker_seconds'] == resist['seconds_per_iter']  # one worker per device
