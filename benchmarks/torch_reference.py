@@ -122,7 +122,7 @@ def main(argv=None):
     times.append(time.perf_counter() - start)
   median = statistics.median(times)
   record = {'framework': 'pytorch', 'torch': torch.__version__, 'model': f'resnet{args.depth}',
-            'batch': args.batch, 'device': args.device, 'threads': torch.get_num_threads(),
+            'params': sum(p.numel() for p in model.parameters()), 'batch': args.batch, 'device': args.device, 'threads': torch.get_num_threads(),
             'channels_last': args.channels_last, 'seconds_per_iter': round(median, 5),
             'images_per_sec': round(args.batch / median, 1)}
   if device.type == 'cuda':

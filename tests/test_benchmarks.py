@@ -1,9 +1,13 @@
 """The benchmark scripts run and report consistent records (their figures live in docs/PERFORMANCE.md)."""
 import importlib.util
+import json
 import os
-import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
+
+from jaxdecouple.models import build_model, count_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,11 +45,12 @@ def test_resist_worker_benchmark_times_each_sub_network(capsys):
 
 def test_torch_reference_runs_or_says_pytorch_is_missing(capsys):
   module = load('torch_reference')
-  try:
-    import torch  # noqa: F401
-  except ImportError:
+  if importlib.util.find_spec('torch') is None:
     assert module.main(['--depth=8', '--batch=4', '--warmup=1', '--iters=1']) == 2
     assert 'PyTorch is not installed' in capsys.readouterr().err
     return
-  assert module.main(['--depth=8', '--batch=4', '--warmup=1', '--iters=1']) == 0
-  assert '"model": "resnet8"' in capsys.readouterr().out
+  assert module.main(['--depth=20', '--batch=4', '--warmup=1', '--iters=1']) == 0
+  record = json.loads(capsys.readouterr().out.splitlines()[0])
+  assert record['model'] == 'resnet20'
+  shapes = jax.eval_shape(lambda: build_model('resnet20', 10).init(jax.random.key(0), jnp.zeros((1, 32, 32, 3))))
+  assert record['params'] == count_params(shapes['params'])  # the same network

@@ -70,9 +70,11 @@ class BP(Method):
 
     return jax.jit(forward, donate_argnums=1), jax.jit(backward, donate_argnums=(0, 1))
 
+  def _put_batch(self, batch: Batch):
+    return jax.device_put((batch.images, batch.labels), self.setup.devices[0])
+
   def step(self, state: BPState, batch: Batch, step: int):
-    device = self.setup.devices[0]
-    images, labels = jax.device_put((batch.images, batch.labels), device)
+    images, labels = self._put_batch(batch)
     step = np.int32(step)
     if not use_split_backward(self.setup.config):
       return self._fused_step(state, images, labels, step)

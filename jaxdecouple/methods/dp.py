@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxdecouple.common import VjpStash, use_split_backward
+from jaxdecouple.common import VjpStash
 from jaxdecouple.config import fail
 from jaxdecouple.data import Batch, train_inputs
 from jaxdecouple.methods.base import Setup, classification_loss
@@ -55,7 +55,7 @@ class DP(BP):
     return loss_fn
 
   @functools.cached_property
-  def _dp_split_step(self):
+  def _split_step(self):
     """The step as two compiled calls (see ``use_split_backward``): each device's forward keeping its
     vjp residuals (given a leading device axis, so they stay where they were made), then the backward,
     the gradient average and the update."""
@@ -83,7 +83,7 @@ class DP(BP):
     return jax.jit(forward, donate_argnums=1), jax.jit(backward, donate_argnums=(0, 1))
 
   @functools.cached_property
-  def _dp_step(self):
+  def _fused_step(self):
     s = self.setup
 
     def shard_step(params, batch_stats, opt_state, x, labels, step):
@@ -108,16 +108,8 @@ class DP(BP):
 
     return jax.jit(train_step, donate_argnums=0)
 
-  def step(self, state: BPState, batch: Batch, step: int):
-    images, labels = jax.device_put((batch.images, batch.labels), self.sharded)
-    step = np.int32(step)
-    if not use_split_backward(self.setup.config):
-      return self._dp_step(state, images, labels, step)
-    forward, backward = self._dp_split_step
-    loss, accuracy, stats, residuals = forward(state.params, state.batch_stats, images, labels, step)
-    params, opt_state, lr = backward(state.params, state.opt_state, residuals, step)
-    return BPState(params, stats, opt_state), {'train_loss': loss, 'train_accuracy': accuracy,
-                                               'learning_rate': lr}
+  def _put_batch(self, batch: Batch):  # BP.step then runs the fused or split step below
+    return jax.device_put((batch.images, batch.labels), self.sharded)
 
   def describe(self, state) -> list[str]:
     n = self.mesh.devices.size
