@@ -63,3 +63,44 @@ def test_cli_rejects_an_unknown_study(capsys):
   with pytest.raises(SystemExit):
     study_lib.main(['--study=nope', '--workdir=x'])
   assert 'invalid choice' in capsys.readouterr().err
+
+
+def test_a_run_claimed_by_a_live_process_is_passed_over(tmp_path):
+  import subprocess
+  import sys
+  where = str(tmp_path / 'run')
+  os.makedirs(where)
+  assert study_lib.claim(where) is None and study_lib.claim(where) is None  # ours, twice
+  study_lib.release(where)
+  other = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])
+  try:
+    held = {'host': __import__('socket').gethostname(), 'pid': other.pid}
+    with open(os.path.join(where, 'running.json'), 'w') as f:
+      json.dump(held, f)
+    assert study_lib.claim(where) == held
+    # The study passes over a run another live process holds and takes the next one.
+    study = study_lib.STUDIES['tiny']()
+    workdir = str(tmp_path / 'study')
+    first = study_lib.run_dir(workdir, study.runs[0])
+    os.makedirs(first)
+    with open(os.path.join(first, 'running.json'), 'w') as f:
+      json.dump(held, f)
+    status = study_lib.run_study(study, workdir, max_runs=1, log=lambda _: None)
+    assert status['ran'] == 1 and not study_lib.is_finished(workdir, study.runs[0])
+    assert study_lib.is_finished(workdir, study.runs[1])
+    assert not os.path.exists(os.path.join(study_lib.run_dir(workdir, study.runs[1]), 'running.json'))
+  finally:
+    other.kill()
+    other.wait()
+  assert study_lib.claim(where) is None  # its process is gone: taken over
+  with open(os.path.join(where, 'running.json')) as f:
+    assert json.load(f)['pid'] == os.getpid()
+
+
+def test_jobs_run_different_runs_at_once(tmp_path):
+  workdir, results = str(tmp_path / 'study'), str(tmp_path / 'RESULTS.md')
+  assert study_lib.main(['--study=tiny', f'--workdir={workdir}', '--jobs=2', '--max_runs=1',
+                         f'--results={results}', f'--figures={tmp_path / "figures"}']) == 0
+  study = study_lib.STUDIES['tiny']()
+  assert [study_lib.is_finished(workdir, r) for r in study.runs] == [True, True, False, False]
+  assert 'Finished runs: 2 of 4' in open(results).read()
