@@ -25,6 +25,7 @@ def test_runs_in_pieces_resumes_and_reports(tmp_path):
   steps = [json.loads(line)['step'] for line in open(os.path.join(study_lib.run_dir(workdir, first), 'metrics.jsonl'))
            if json.loads(line)['kind'] == 'train']
   assert steps == [2, 4, 6, 8]  # steps 1-2 from the interrupted piece, then resumed, not restarted
+  assert not os.path.exists(os.path.join(study_lib.run_dir(workdir, first), 'checkpoints'))  # finished
 
   assert study_lib.run_study(study, workdir, log=lambda _: None) == {'finished': 4, 'ran': 3, 'left': 0}
   assert study_lib.run_study(study, workdir, log=lambda _: None)['ran'] == 0  # all skipped
