@@ -9,7 +9,9 @@ new runs, so a long study proceeds across machines that stop every few minutes (
 current run cleanly after a checkpoint). Several processes can share one workdir: a process claims a
 run (WORKDIR/runs/NAME/running.json: host and pid) and the others pass over it while that process
 lives; ``--jobs=N`` starts N such processes (one run alone keeps about 1.4 of 2 CPU cores busy:
-XLA:CPU runs many of a small ResNet's convolutions on one thread). The report puts every finished run into a table laid out
+XLA:CPU runs many of a small ResNet's convolutions on one thread). The helpers share the first
+process's process group: stop them all with a signal to the group (``kill -TERM -PGID``, as a
+machine's shutdown does); SIGTERM to one process stops only its own run. The report puts every finished run into a table laid out
 like the paper's (rows: architecture and K or S; columns: methods; cells: test error %, median over
 seeds with the range), the paper's numbers beside ours, and learning curves per row, with the
 machine, data, recipe, seeds, dates and the command that regenerates it.
