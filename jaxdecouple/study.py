@@ -11,10 +11,12 @@ run (WORKDIR/runs/NAME/running.json: host and pid) and the others pass over it w
 lives; ``--jobs=N`` starts N such processes (one run alone keeps about 1.4 of 2 CPU cores busy:
 XLA:CPU runs many of a small ResNet's convolutions on one thread). The helpers share the first
 process's process group: stop them all with a signal to the group (``kill -TERM -PGID``, as a
-machine's shutdown does); SIGTERM to one process stops only its own run. The report puts every finished run into a table laid out
-like the paper's (rows: architecture and K or S; columns: methods; cells: test error %, median over
-seeds with the range), the paper's numbers beside ours, and learning curves per row, with the
-machine, data, recipe, seeds, dates and the command that regenerates it.
+machine's shutdown does); SIGTERM to one process stops only its own run.
+
+The report puts every finished run into a table laid out like the paper's (rows: architecture and K
+or S; columns: methods; cells: test error %, median over seeds with the range), the paper's numbers
+beside ours, and learning curves per row, with the machine, data, recipe, seeds, dates and the
+command that regenerates it.
 """
 from __future__ import annotations
 

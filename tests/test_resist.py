@@ -389,3 +389,14 @@ def test_communication_for_resnet101_against_the_papers_table():
 def test_bad_replica_settings_are_refused(overrides, field, workdir):
   with pytest.raises(ConfigError, match=field.replace('.', r'\.')):
     train_and_evaluate(replica_config('resist', **overrides), workdir)
+
+
+def test_gathering_needs_contiguous_partitioned_blocks():
+  model = build_model('preact_tiny', 10)
+  x = jnp.zeros((2, 32, 32, 3))
+  variables = model.init(jax.random.key(0), x[:1])
+  index = {'s3b1': 0, 's3b3': 1}  # s3b2 between them is shared
+  member = jnp.asarray([True, False])
+  with pytest.raises(ValueError, match='contiguous'):
+    masked_apply(model.chain, index, variables, x, member, train=False)
+  masked_apply(model.chain, index, variables, x, member, train=False, skip='cond')  # cond has no such need

@@ -76,11 +76,11 @@ def masked_apply(chain: Chain, index: dict[str, int], variables, x, member, trai
   identity: not computed, no gradient). Returns the output and the batch statistics (unchanged where
   skipped).
 
-  ``skip='gather'`` (default): the partitioned blocks (contiguous and of one shape) are stacked, the
-  worker's own ones gathered by index in chain order into ``slots`` fixed slots, as many as the
-  largest sub-network can own (``slots``; default: every partitioned block); a slot left over by a smaller sub-network repeats one of its blocks and
-  its output is discarded (the one computation that is wasted). No control flow, so it runs at full
-  speed on every backend. ``skip='cond'``: ``lax.cond`` per partitioned block (nothing wasted, but
+  ``skip='gather'`` (default): the partitioned blocks (contiguous and of one definition) are
+  stacked, the worker's own ones gathered by index in chain order into ``slots`` fixed slots (as many
+  as the largest sub-network can own; default: every partitioned block); a slot left over by a
+  smaller sub-network repeats one of its blocks and its output is discarded (the one computation
+  that is wasted). No control flow, so it runs at full speed on every backend. ``skip='cond'``: ``lax.cond`` per partitioned block (nothing wasted, but
   XLA:CPU runs convolutions inside a conditional ~20x slower; see docs/PERFORMANCE.md).
   """
   names, modules = list(chain.names), list(chain.modules)
@@ -90,8 +90,13 @@ def masked_apply(chain: Chain, index: dict[str, int], variables, x, member, trai
     name, module = names[i], modules[i]
     block = {c: v[name] for c, v in variables.items() if name in v}
     if name in index and skip == 'gather':
-      run = [n for n in names[i:] if n in index]
-      if any(m != module for m in modules[i:i + len(run)]):
+      end = i
+      while end < len(names) and names[end] in index:
+        end += 1
+      run = names[i:end]
+      if len(run) != len(index):
+        raise ValueError('the partitioned blocks must be contiguous in the chain; use skip="cond"')
+      if any(m != module for m in modules[i:end]):
         raise ValueError('the partitioned blocks differ in definition; use skip="cond"')
       x = _gathered(module, run, index, variables, x, member, train, slots or len(index), new_stats)
       i += len(run)
@@ -117,8 +122,6 @@ def _gathered(module, run: list[str], index, variables, x, member, train: bool, 
   """The contiguous partitioned blocks ``run`` (one module definition, stacked) through ``slots``
   slots: the worker's own blocks in chain order, then repeats of its first one whose outputs are
   dropped (``jnp.where`` on the output, so their gradient is exactly zero)."""
-  if [index[n] for n in run] != list(range(len(index))):
-    raise ValueError('the partitioned blocks must be contiguous in the chain; use skip="cond"')
   stacked = {c: jax.tree.map(lambda *xs: jnp.stack(xs), *[v[n] for n in run])
              for c, v in variables.items() if run[0] in v}
   count = jnp.sum(member)
