@@ -3,8 +3,9 @@
   python benchmarks/resist_worker.py --model=preact101 --batch=32 --workers=4 [--with_cond]
 
 Times, on one device, jitted training steps (forward, backward and masked update) of: the full model
-with no skipping machinery at all (local SGD's worker step: the reference), and each of the S
-sub-networks of round 0 as the replica engine runs them: by default (replica.skip=gather) the
+with no skipping machinery at all (local SGD's worker step: the reference), the full model through
+the gather path (every block owned, as many slots as blocks: what the gathering costs), and each of
+the S sub-networks of round 0 as the replica engine runs them: by default (replica.skip=gather) the
 worker's own partitioned blocks gathered into fixed slots, no control flow; with --with_cond also
 through lax.cond per block (replica.skip=cond), and the full model through that lax.cond code.
 Reports the median seconds over --iters timed iterations after --warmup (compilation), each waiting
@@ -59,6 +60,9 @@ def main(argv=None):
   for skip in ('gather', 'cond'):
     c.replica.skip = skip
     engines[skip] = METHODS['resist'](build_setup(c, ds)).engine
+  c.replica.skip, c.replica.min_depth = 'gather', len(engines['gather'].partitioned)
+  engines['gather_all'] = METHODS['resist'](build_setup(c, ds)).engine  # as many slots as blocks
+  c.replica.min_depth = args.min_depth
   engine = engines['gather']
   variables = jax.device_get(engine.model.init(jax.random.key(0), jnp.zeros((1, *ds.image_shape))))
   params, stats = variables['params'], variables['batch_stats']
@@ -84,7 +88,8 @@ def main(argv=None):
 
   blocks = engine.partitioned
   membership = engine.membership(0)
-  rows = [('full model (local SGD step, no skipping)', None, None)]
+  rows = [('full model (local SGD step, no skipping)', None, None),
+          ('full model through the gather path', np.ones(len(blocks), bool), 'gather_all')]
   rows += [(f'worker {w} of {args.workers}, gathered', membership[w], 'gather') for w in range(args.workers)]
   if args.with_cond:
     rows += [('full model through lax.cond', np.ones(len(blocks), bool), 'cond')]
@@ -95,7 +100,7 @@ def main(argv=None):
     full = full or seconds
     active = np.ones(len(blocks), bool) if member is None else member
     # gathered: every slot is computed, a sub-network smaller than the largest one drops its last slot
-    computed = engine.slots if skip == 'gather' else int(active.sum())
+    computed = engines[skip].slots if skip in ('gather', 'gather_all') else int(active.sum())
     predicted = (sum(v for n, v in flops.items() if n not in blocks)
                  + computed * flops[blocks[0]]) / full_flops
     record = {'model': args.model, 'batch': args.batch, 'run': label, 'skip': skip, 'blocks': int(active.sum()),

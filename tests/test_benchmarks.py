@@ -40,6 +40,7 @@ def test_resist_worker_benchmark_times_each_sub_network(capsys):
   out = capsys.readouterr().out
   assert out.count(', gathered |') == 2 and out.count(', lax.cond |') == 2
   assert '| full model (local SGD step, no skipping) | 5 | 5 |' in out
+  assert '| full model through the gather path | 5 | 5 |' in out
   assert '| worker 1 of 2, gathered | 2 | 3 |' in out  # 5 blocks, S = 2: slots of 3, one dropped
 
 
