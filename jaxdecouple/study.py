@@ -8,10 +8,11 @@ interrupted one resumes from its checkpoints; ``--max_runs`` and ``--time_limit_
 new runs, so a long study proceeds across machines that stop every few minutes (SIGTERM stops the
 current run cleanly after a checkpoint). Several processes can share one workdir: a process claims a
 run (WORKDIR/runs/NAME/running.json: host and pid) and the others pass over it while that process
-lives; ``--jobs=N`` starts N such processes (one run alone keeps about 1.4 of 2 CPU cores busy:
-XLA:CPU runs many of a small ResNet's convolutions on one thread). The helpers share the first
-process's process group: stop them all with a signal to the group (``kill -TERM -PGID``, as a
-machine's shutdown does); SIGTERM to one process stops only its own run.
+lives; ``--jobs=N`` starts N such processes, each pinned to its own share of the CPU cores (one
+run alone keeps about 1.4 of 2 cores busy: XLA:CPU runs many of a small ResNet's convolutions on one
+thread; two unpinned processes fight over both cores and finish less than one). The helpers share
+the first process's process group: stop them all with a signal to the group (``kill -TERM -PGID``,
+as a machine's shutdown does); SIGTERM to one process stops only its own run.
 
 The report puts every finished run into a table laid out like the paper's (rows: architecture and K
 or S; columns: methods; cells: test error %, median over seeds with the range), the paper's numbers
@@ -233,6 +234,17 @@ def release(where: str) -> None:
     pass
 
 
+def pin(job: int, jobs: int) -> None:
+  """Restricts this process to the ``job``-th of ``jobs`` equal shares of the CPU cores it may use
+  (nothing where the platform cannot, or with fewer cores than jobs)."""
+  if not hasattr(os, 'sched_setaffinity'):
+    return
+  cpus = sorted(os.sched_getaffinity(0))
+  if jobs > len(cpus):
+    return
+  os.sched_setaffinity(0, cpus[job * len(cpus) // jobs:(job + 1) * len(cpus) // jobs])
+
+
 def machine() -> dict:
   import jax
   d = jax.devices()[0]
@@ -394,6 +406,7 @@ def main(argv=None) -> int:
                  help="keep a finished run's checkpoints (default: deleted; the report needs only metrics)")
   p.add_argument('--jobs', type=int, default=1,
                  help='run this many processes at once on the same workdir, each taking the next free run')
+  p.add_argument('--pin', default='', help=argparse.SUPPRESS)  # J/N: a --jobs helper's share of the cores
   p.add_argument('--report', action='store_true', help='only write the report from finished runs')
   p.add_argument('--no_report', action='store_true', help='run, but leave the report to another call')
   p.add_argument('--results', default='docs/RESULTS.md', help='the results page to update')
@@ -407,9 +420,18 @@ def main(argv=None) -> int:
               f'--data_path={args.data_path}', f'--max_runs={args.max_runs}',
               f'--time_limit_min={args.time_limit_min}', '--no_report',
               *(['--keep_checkpoints'] if args.keep_checkpoints else [])]
-    helpers = [subprocess.Popen(helper) for _ in range(args.jobs - 1)]
-    status = run_study(study, args.workdir, args.data_path, args.max_runs, args.time_limit_min * 60,
-                       keep_checkpoints=args.keep_checkpoints)
+    helpers = [subprocess.Popen([*helper, f'--pin={j}/{args.jobs}']) for j in range(1, args.jobs)]
+    cpus = os.sched_getaffinity(0) if hasattr(os, 'sched_getaffinity') else None
+    if args.pin:
+      pin(*map(int, args.pin.split('/')))
+    elif helpers:
+      pin(0, args.jobs)
+    try:
+      status = run_study(study, args.workdir, args.data_path, args.max_runs, args.time_limit_min * 60,
+                         keep_checkpoints=args.keep_checkpoints)
+    finally:
+      if cpus is not None:
+        os.sched_setaffinity(0, cpus)  # when called in-process (tests, notebooks)
     if any(h.wait() for h in helpers):
       print('a helper process failed; see its output above', file=sys.stderr)
     done = sum(is_finished(args.workdir, r) for r in study.runs)

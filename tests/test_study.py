@@ -105,3 +105,22 @@ def test_jobs_run_different_runs_at_once(tmp_path):
   study = study_lib.STUDIES['tiny']()
   assert [study_lib.is_finished(workdir, r) for r in study.runs] == [True, True, False, False]
   assert 'Finished runs: 2 of 4' in open(results).read()
+
+
+def test_jobs_are_pinned_to_disjoint_shares_of_the_cores():
+  if not hasattr(os, 'sched_setaffinity'):  # not Linux: pinning is a no-op
+    study_lib.pin(0, 2)
+    return
+  cpus = sorted(os.sched_getaffinity(0))
+  try:
+    shares = []
+    for job in range(2):
+      study_lib.pin(job, 2)
+      shares.append(sorted(os.sched_getaffinity(0)))
+      os.sched_setaffinity(0, cpus)
+    if len(cpus) >= 2:
+      assert shares[0] + shares[1] == cpus and shares[0] and shares[1]
+    else:
+      assert shares == [cpus, cpus]  # fewer cores than jobs: left alone
+  finally:
+    os.sched_setaffinity(0, cpus)
