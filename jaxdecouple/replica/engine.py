@@ -80,8 +80,9 @@ def masked_apply(chain: Chain, index: dict[str, int], variables, x, member, trai
   stacked, the worker's own ones gathered by index in chain order into ``slots`` fixed slots (as many
   as the largest sub-network can own; default: every partitioned block); a slot left over by a
   smaller sub-network repeats one of its blocks and its output is discarded (the one computation
-  that is wasted). No control flow, so it runs at full speed on every backend. ``skip='cond'``: ``lax.cond`` per partitioned block (nothing wasted, but
-  XLA:CPU runs convolutions inside a conditional ~20x slower; see docs/PERFORMANCE.md).
+  that is wasted). No control flow, so it runs at full speed on every backend.
+  ``skip='cond'``: ``lax.cond`` per partitioned block (nothing wasted, but XLA:CPU runs convolutions
+  inside a conditional ~20x slower; see docs/PERFORMANCE.md).
   """
   names, modules = list(chain.names), list(chain.modules)
   new_stats = {}
