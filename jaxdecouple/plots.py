@@ -78,11 +78,12 @@ def plot_curves(runs: Sequence[str] | Mapping[str, str], path: str | None = None
   ax_loss.set(xlabel='epoch', ylabel='training loss')
   for ax in (ax_err, ax_loss):
     ax.grid(alpha=0.3)
-    ax.legend()
+  # One legend, right of both panels, so it never covers a curve.
+  fig.legend(*ax_err.get_legend_handles_labels(), loc='center left', bbox_to_anchor=(1.0, 0.5))
   if title:
     fig.suptitle(title)
   fig.tight_layout()
   if path is not None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches='tight')
   return fig
