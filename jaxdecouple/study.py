@@ -21,6 +21,7 @@ command that regenerates it.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -216,10 +217,8 @@ def claim(where: str) -> dict | None:
         return None
       if other.get('host') == me['host'] and _alive(other.get('pid')):
         return other
-      try:
+      with contextlib.suppress(FileNotFoundError):  # another process may have removed it first
         os.remove(path)
-      except FileNotFoundError:
-        pass
       continue
     with os.fdopen(fd, 'w', encoding='utf-8') as f:
       json.dump(me, f)
@@ -228,10 +227,8 @@ def claim(where: str) -> dict | None:
 
 
 def release(where: str) -> None:
-  try:
+  with contextlib.suppress(FileNotFoundError):
     os.remove(os.path.join(where, 'running.json'))
-  except FileNotFoundError:
-    pass
 
 
 def pin(job: int, jobs: int) -> None:
