@@ -13,6 +13,7 @@ line per layer, then a markdown table. Used in docs/PERFORMANCE.md ("Against PyT
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import time
@@ -86,13 +87,7 @@ def torch_layer(batch, h, cin, cout, stride, iters):
 
 def main(argv=None):
   args = parse_args(argv)
-  use_torch = False
-  if not args.no_torch:
-    try:
-      import torch  # noqa: F401
-      use_torch = True
-    except ImportError:
-      pass
+  use_torch = not args.no_torch and importlib.util.find_spec('torch') is not None
   rows = []
   for h, cin, cout, stride in SHAPES:
     gflop = 2 * args.batch * (h // stride) ** 2 * 9 * cin * cout / 1e9
