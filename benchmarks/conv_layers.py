@@ -92,11 +92,11 @@ def main(argv=None):
   for h, cin, cout, stride in SHAPES:
     gflop = 2 * args.batch * (h // stride) ** 2 * 9 * cin * cout / 1e9
     record = {'layer': f'{h}x{h}, {cin} -> {cout}' + (f', stride {stride}' if stride > 1 else ''),
-              'batch': args.batch, 'forward_gflop': round(gflop, 3),
+              'batch': args.batch, 'forward_gflop': round(gflop, 4),
               **jax_layer(args.batch, h, cin, cout, stride, args.iters)}
     if use_torch:
       record.update(torch_layer(args.batch, h, cin, cout, stride, args.iters))
-    record = {k: round(v, 2) if isinstance(v, float) else v for k, v in record.items()}
+    record = {k: round(v, 2) if k.endswith('_ms') else v for k, v in record.items()}
     rows.append(record)
     print(json.dumps(record), flush=True)
   head = '| layer | JAX forward ms | input grad ms | weight grad ms | forward threads |'

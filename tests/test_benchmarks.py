@@ -55,3 +55,14 @@ def test_torch_reference_runs_or_says_pytorch_is_missing(capsys):
   assert record['model'] == 'resnet20'
   shapes = jax.eval_shape(lambda: build_model('resnet20', 10).init(jax.random.key(0), jnp.zeros((1, 32, 32, 3))))
   assert record['params'] == count_params(shapes['params'])  # the same network
+
+
+def test_conv_layers_times_one_layer_per_section():
+  rows = load('conv_layers').main(['--batch=2', '--iters=1', '--no_torch'])
+  assert [r['layer'] for r in rows] == ['32x32, 16 -> 16', '16x16, 32 -> 32', '8x8, 64 -> 64',
+                                        '32x32, 16 -> 32, stride 2']
+  for r in rows:
+    assert min(r['jax_forward_ms'], r['jax_input_grad_ms'], r['jax_weight_grad_ms']) > 0
+  # Every stride-1 section does the same FLOPs: 2 * batch * H * W * 9 * C_in * C_out.
+  assert [r['forward_gflop'] for r in rows] == [round(2 * 2 * 9 * 32 * 32 * 16 * 16 / 1e9, 4)] * 3 + [
+      round(2 * 2 * 9 * 16 * 16 * 16 * 32 / 1e9, 4)]
