@@ -2,13 +2,14 @@
 # Every GPU figure of docs/PERFORMANCE.md in one command, for a short loan of one GPU machine.
 #
 #   bash benchmarks/gpu_session.sh            # writes into $OUT (default benchmarks/out)
-#   PART=2 bash benchmarks/gpu_session.sh     # only the second half (ResIST, local SGD)
+#   PART=2 bash benchmarks/gpu_session.sh     # only part 2 (ResIST, local SGD); PART=3: memory only
 #
 # Part 1 (about 5 minutes on an H100): BP and every pipeline method on ResNet-56, batch 128, one GPU
-# (per-stage times and the predicted K-device speed-up), the PyTorch reference of the same ResNet-56
-# step (NCHW and channels-last), then BP again. Part 2: a ResIST worker's step against a full-model
-# step (ResNet-101, batch 128, S = 4, with the lax.cond variant), and the replica methods' throughput.
-# Results: $OUT/{gpu,throughput,torch,resist,replica}.jsonl and $OUT/log.txt.
+# (per-stage times and the predicted K-device speed-up; 3 interleaved rounds), the PyTorch reference of
+# the same ResNet-56 step (NCHW and channels-last), then BP again. Part 2: a ResIST worker's step
+# against a full-model step (ResNet-101, batch 128, S = 4, with the lax.cond variant), and the replica
+# methods' throughput. Part 3: each method's peak GPU memory, every run in its own process.
+# Results: $OUT/{gpu,throughput,torch,resist,replica,memory}.jsonl and $OUT/log.txt.
 # Needs jax, flax, optax, orbax-checkpoint, ml_collections (installed from .whl/ when missing: see
 # docs/PERFORMANCE.md) and, for the reference, PyTorch with CUDA.
 set -u -o pipefail
@@ -25,8 +26,8 @@ fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   $PY -c 'import json, jax, flax; print(json.dumps({"jax": jax.__version__, "flax": flax.__version__,
     "device": jax.devices()[0].device_kind}))' | tee "$OUT/gpu.jsonl"
-  if [ "$PART" != 2 ]; then
-    $PY benchmarks/throughput.py --model=resnet56 --batch=128 --warmup=10 --iters=30 \
+  if [ "$PART" = all ] || [ "$PART" = 1 ]; then
+    $PY benchmarks/throughput.py --model=resnet56 --batch=128 --warmup=10 --iters=10 --rounds=3 \
         --runs=bp,fdg:2:1,fdg:4:1,adl:2:1,ddg:2:1,fr:2:1,dgl:2:1 --json_out="$OUT/throughput.jsonl"
     for layout in '' --channels_last; do
       $PY benchmarks/torch_reference.py --depth=56 --batch=128 --device=cuda --warmup=10 --iters=30 \
@@ -35,10 +36,16 @@ fi
     $PY benchmarks/throughput.py --model=resnet56 --batch=128 --warmup=10 --iters=30 --runs=bp \
         --json_out="$OUT/throughput.jsonl"
   fi
-  if [ "$PART" != 1 ]; then
+  if [ "$PART" = all ] || [ "$PART" = 2 ]; then
     $PY benchmarks/resist_worker.py --model=preact101 --batch=128 --workers=4 --with_cond --warmup=3 \
         --iters=10 --json_out="$OUT/resist.jsonl"
     $PY benchmarks/throughput.py --model=preact101 --dataset=cifar100 --batch=128 --local_steps=10 \
         --warmup=5 --iters=20 --runs=bp,localsgd:4:1,resist:4:1 --json_out="$OUT/replica.jsonl"
+  fi
+  if [ "$PART" = all ] || [ "$PART" = 3 ]; then
+    $PY benchmarks/throughput.py --model=resnet56 --batch=128 --warmup=3 --iters=3 --isolate \
+        --runs=bp,fdg:2:1,fdg:4:1,ddg:2:1,fr:2:1,dgl:2:1 --json_out="$OUT/memory.jsonl"
+    $PY benchmarks/throughput.py --model=resnet56 --batch=128 --warmup=3 --iters=3 --isolate \
+        --keep=recompute --runs=fdg:2:1,fdg:4:1 --json_out="$OUT/memory.jsonl"
   fi
 } 2>&1 | tee "$OUT/log.txt"

@@ -19,7 +19,10 @@ results) and their mean, images/s (from the median), the ratio to the first run,
 methods each stage's time measured on idle devices plus the speed-up that K devices would give if they
 were perfectly overlapped (sum of stage times / max stage time); for replica methods the time of one
 worker's step (the iteration's time over the workers each device runs one after another). Peak device
-memory is reported where the backend has it (GPUs). Prints one JSON line per run, then a markdown table.
+memory is reported where the backend has it (GPUs), for a process that ran one run only (--isolate
+runs each in its own process). On a noisy machine, --rounds=R interleaves the runs (every run built
+and warmed first, then R rounds each timing every run in turn) and reports the median of the R
+per-round ratios with their range. Prints one JSON line per run, then a markdown table.
 Models: see jaxdecouple.models (the replica methods need a pre-activation ResNet, e.g. preact101,
 preact_tiny; BP and the pipeline methods run it too).
 """
@@ -47,97 +50,160 @@ def parse_args(argv=None):
   p.add_argument('--local_steps', type=int, default=50, help='replica methods: iterations between averagings')
   p.add_argument('--warmup', type=int, default=8, help='untimed iterations (compilation, pipeline fill)')
   p.add_argument('--iters', type=int, default=10, help='timed iterations')
+  p.add_argument('--rounds', type=int, default=1,
+                 help='time the runs in R interleaved rounds of --iters iterations each (all runs built '
+                 'first); the ratio to the first run is the median of the R per-round ratios')
+  p.add_argument('--isolate', action='store_true',
+                 help='run every run in a fresh process of its own: the only way to get each run\'s own '
+                 'peak device memory (a process reports one high-water mark)')
   p.add_argument('--cpu_devices', type=int, default=0, help='split the host CPU into N JAX devices')
   p.add_argument('--json_out', default='', help='also append the JSON lines to this file')
   return p.parse_args(argv)
 
 
+def _child_argv(args, run):
+  """The command line that benchmarks one run alone (--isolate)."""
+  skip = {'runs', 'isolate', 'json_out', 'rounds'}
+  flags = [f'--{k}={v}' for k, v in vars(args).items() if k not in skip]
+  return [sys.executable, os.path.abspath(__file__), *flags, f'--runs={run}']
+
+
+def _isolated(args):
+  """Each run in a fresh process of its own, so that its peak memory is its own."""
+  import subprocess
+  records = []
+  for run in args.runs.split(','):
+    proc = subprocess.run(_child_argv(args, run), capture_output=True, text=True, check=False)
+    if proc.returncode:
+      raise SystemExit(f'throughput.py: the run {run!r} failed in its own process:\n{proc.stderr[-3000:]}')
+    records.append(json.loads(next(l for l in proc.stdout.splitlines() if l.startswith('{'))))
+  for r in records:
+    r['ratio'] = round(r['seconds_per_iter'] / records[0]['seconds_per_iter'], 4)
+  return records
+
+
+class _Run:
+  """One METHOD:K:DEVICES run: built, initialised and warmed up (compiled, pipeline filled)."""
+
+  def __init__(self, args, run):
+    import jax
+    from jaxdecouple.config import get_default_config
+    from jaxdecouple.data import load_dataset
+    from jaxdecouple.data.batches import TrainOrder
+    from jaxdecouple.methods import METHODS
+    from jaxdecouple.train import build_setup
+    parts = run.split(':')
+    self.method, self.k = parts[0], int(parts[1]) if len(parts) > 1 else 1
+    self.n_dev = int(parts[2]) if len(parts) > 2 else 1
+    c = get_default_config()
+    c.method, c.model, c.dataset, c.batch_size = self.method, args.model, args.dataset, args.batch
+    c.data.source = 'synthetic'
+    c.data.synthetic_train_size = args.batch * 4 * max(self.k, 1)
+    c.data.synthetic_test_size = 8
+    c.pipeline.num_stages, c.pipeline.num_devices, c.pipeline.keep = self.k, self.n_dev, args.keep
+    c.dp.num_devices = self.n_dev
+    c.pipeline.accumulation = args.accumulation if self.method == 'adl' else 1
+    c.replica.num_workers, c.replica.num_devices, c.replica.local_steps = self.k, self.n_dev, args.local_steps
+    ds = load_dataset(c.data, c.dataset)
+    self.m = METHODS[self.method](build_setup(c, ds))
+    order = TrainOrder(len(ds.x_train), c.batch_size, c.seed)
+    self.batch = lambda t: self.m.train_batch(ds.x_train, ds.y_train, order, t)
+    self.state, self.t, self.times = self.m.init(jax.random.key(0), self.batch(0)), 0, []
+    for _ in range(args.warmup):
+      self.step()
+    jax.block_until_ready(self.state)
+
+  def step(self):
+    self.state, _ = self.m.step(self.state, self.batch(self.t), self.t)
+    self.t += 1
+
+  def timed(self, iters: int) -> float:
+    """Times ``iters`` iterations, each waiting for its results; returns their median."""
+    import jax
+    times = []
+    for _ in range(iters):
+      start = time.perf_counter()
+      self.step()
+      jax.block_until_ready(self.state)
+      times.append(time.perf_counter() - start)
+    self.times += times
+    return statistics.median(times)
+
+  def record(self, args) -> dict:
+    import jax
+    median = statistics.median(self.times)
+    engine = getattr(self.m, 'engine', None)
+    replica = engine is not None and hasattr(engine, 'per_device')
+    images = args.batch * (self.k if replica else 1)
+    record = {'model': args.model, 'batch': args.batch, 'method': self.method, 'stages': self.k,
+              'devices': self.n_dev if self.method != 'bp' else 1, 'seconds_per_iter': round(median, 5),
+              'mean_seconds_per_iter': round(statistics.mean(self.times), 5),
+              'images_per_sec': round(images / median, 1), 'backend': jax.default_backend(),
+              'device_kind': jax.devices()[0].device_kind}
+    if replica:
+      record['workers'], record['devices'] = self.k, int(engine.mesh.devices.size)
+      record['images_per_iter'] = images
+      record['worker_seconds'] = round(median / engine.per_device, 5)
+    pipeline = getattr(self.m, 'pipeline', None)
+    if pipeline is not None:
+      stage_times = []
+      for _ in range(3):
+        self.state, _, st = pipeline.timed_step(self.state, self.batch(self.t), self.t)
+        stage_times.append(st)
+        self.t += 1
+      per_stage = [statistics.median(s[i] for s in stage_times) for i in range(self.k)]
+      record['stage_seconds'] = [round(s, 5) for s in per_stage]
+      record['predicted_speedup_on_k_devices'] = round(sum(per_stage) / max(per_stage), 3)
+    return record
+
+
 def main(argv=None):
   args = parse_args(argv)
+  runs = args.runs.split(',')
+  if args.rounds < 1 or args.iters < 1:
+    raise SystemExit('throughput.py: --rounds and --iters must be at least 1')
+  if args.isolate and args.rounds > 1:
+    raise SystemExit('throughput.py: --isolate times each run in its own process, so its runs cannot be '
+                     'interleaved in rounds: drop --rounds, or drop --isolate')
   import jax
   if args.cpu_devices:
     jax.config.update('jax_num_cpu_devices', args.cpu_devices)
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  from jaxdecouple.config import get_default_config
-  from jaxdecouple.data import load_dataset
-  from jaxdecouple.data.batches import TrainOrder
-  from jaxdecouple.methods import METHODS
-  from jaxdecouple.train import build_setup
 
-  results = []
-  for run in args.runs.split(','):
-    parts = run.split(':')
-    method, k = parts[0], int(parts[1]) if len(parts) > 1 else 1
-    n_dev = int(parts[2]) if len(parts) > 2 else 1
-    c = get_default_config()
-    c.method, c.model, c.dataset, c.batch_size = method, args.model, args.dataset, args.batch
-    c.data.source = 'synthetic'
-    c.data.synthetic_train_size = args.batch * 4 * max(k, 1)
-    c.data.synthetic_test_size = 8
-    c.pipeline.num_stages, c.pipeline.num_devices, c.pipeline.keep = k, n_dev, args.keep
-    c.dp.num_devices = n_dev
-    c.pipeline.accumulation = args.accumulation if method == 'adl' else 1
-    c.replica.num_workers, c.replica.num_devices, c.replica.local_steps = k, n_dev, args.local_steps
-    ds = load_dataset(c.data, c.dataset)
-    setup = build_setup(c, ds)
-    m = METHODS[method](setup)
-    order = TrainOrder(len(ds.x_train), c.batch_size, c.seed)
-    batch = lambda t: m.train_batch(ds.x_train, ds.y_train, order, t)
-    state = m.init(jax.random.key(0), batch(0))
-    t = 0
-    for _ in range(args.warmup):
-      state, _ = m.step(state, batch(t), t)
-      t += 1
-    jax.block_until_ready(state)
-    times = []
-    for _ in range(args.iters):
-      start = time.perf_counter()
-      state, _ = m.step(state, batch(t), t)
-      jax.block_until_ready(state)
-      times.append(time.perf_counter() - start)
-      t += 1
-    median = statistics.median(times)
-    engine = getattr(m, 'engine', None)
-    replica = engine is not None and hasattr(engine, 'per_device')
-    images = args.batch * (k if replica else 1)
-    record = {'model': args.model, 'batch': args.batch, 'method': method, 'stages': k,
-              'devices': n_dev if method != 'bp' else 1, 'seconds_per_iter': round(median, 5),
-              'mean_seconds_per_iter': round(statistics.mean(times), 5),
-              'images_per_sec': round(images / median, 1), 'backend': jax.default_backend(),
-              'device_kind': jax.devices()[0].device_kind}
-    if replica:
-      record['workers'], record['devices'] = k, int(engine.mesh.devices.size)
-      record['images_per_iter'] = images
-      record['worker_seconds'] = round(median / engine.per_device, 5)
-    pipeline = getattr(m, 'pipeline', None)
-    if pipeline is not None:
-      stage_times = []
-      for _ in range(3):
-        state, _, st = pipeline.timed_step(state, batch(t), t)
-        stage_times.append(st)
-        t += 1
-      per_stage = [statistics.median(s[i] for s in stage_times) for i in range(k)]
-      record['stage_seconds'] = [round(s, 5) for s in per_stage]
-      record['predicted_speedup_on_k_devices'] = round(sum(per_stage) / max(per_stage), 3)
+  if args.isolate:
+    results = _isolated(args)
+  else:
+    built = [_Run(args, run) for run in runs]
+    rounds = [[b.timed(args.iters) for b in built] for _ in range(args.rounds)]
+    results = [b.record(args) for b in built]
+    for i, r in enumerate(results):
+      ratios = [row[i] / row[0] for row in rounds]
+      r['ratio'] = round(statistics.median(ratios), 4)
+      if args.rounds > 1:
+        r['rounds'], r['ratio_range'] = args.rounds, [round(min(ratios), 4), round(max(ratios), 4)]
     stats = jax.devices()[0].memory_stats() or {}
-    if 'peak_bytes_in_use' in stats:
-      record['peak_memory_gb'] = round(stats['peak_bytes_in_use'] / 2**30, 3)
-    results.append(record)
-    print(json.dumps(record), flush=True)
+    if 'peak_bytes_in_use' in stats and len(runs) == 1:  # a process-wide high-water mark
+      results[0]['peak_memory_gb'] = round(stats['peak_bytes_in_use'] / 2**30, 3)
+  for r in results:
+    print(json.dumps(r), flush=True)
     if args.json_out:
       with open(args.json_out, 'a', encoding='utf-8') as f:
-        f.write(json.dumps(record) + '\n')
+        f.write(json.dumps(r) + '\n')
 
-  base = results[0]['seconds_per_iter']
+  ranges = any('ratio_range' in r for r in results)
   print(f'\n| method | K or S | devices | s/iter (median) | s/iter (mean) | images/s | '
-        f'vs {results[0]["method"]} (time) | stage s / worker s | predicted K-device speed-up |')
-  print('|---|---|---|---|---|---|---|---|---|')
+        f'vs {results[0]["method"]} (time){" [min-max over rounds]" if ranges else ""} | '
+        f'stage s / worker s | predicted K-device speed-up |' + (' peak memory GB |' if any(
+            'peak_memory_gb' in r for r in results) else ''))
+  print('|---|---|---|---|---|---|---|---|---|' + ('---|' if any('peak_memory_gb' in r for r in results) else ''))
   for r in results:
     parts = ", ".join(f"{s:.3f}" for s in r.get("stage_seconds", [])) or (
         f'{r["worker_seconds"]:.3f}' if 'worker_seconds' in r else '-')
+    ratio = f'{r["ratio"]:.3f}' + (' [{:.3f}-{:.3f}]'.format(*r['ratio_range']) if 'ratio_range' in r else '')
     print(f'| {r["method"]} | {r["stages"]} | {r["devices"]} | {r["seconds_per_iter"]:.4f} | '
-          f'{r["mean_seconds_per_iter"]:.4f} | {r["images_per_sec"]:.0f} | {r["seconds_per_iter"] / base:.3f} | '
-          f'{parts} | {r.get("predicted_speedup_on_k_devices", "-")} |')
+          f'{r["mean_seconds_per_iter"]:.4f} | {r["images_per_sec"]:.0f} | {ratio} | '
+          f'{parts} | {r.get("predicted_speedup_on_k_devices", "-")} |'
+          + (f' {r.get("peak_memory_gb", "-")} |' if any('peak_memory_gb' in x for x in results) else ''))
   return results
 
 

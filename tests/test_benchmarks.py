@@ -21,8 +21,12 @@ def load(name):
 
 def test_throughput_reports_every_kind_of_method(capsys):
   records = load('throughput').main(['--model=preact_tiny', '--batch=8', '--warmup=2', '--iters=1',
-                                     '--local_steps=2', '--runs=bp,fdg:2:2,resist:2:2'])
+                                     '--local_steps=2', '--runs=bp,fdg:2:2,resist:2:2', '--rounds=2'])
   assert [r['method'] for r in records] == ['bp', 'fdg', 'resist']
+  assert records[0]['ratio'] == 1 and records[0]['ratio_range'] == [1, 1]
+  for r in records:  # the ratio is the median of the two rounds' ratios, inside their range
+    low, high = r['ratio_range']
+    assert r['rounds'] == 2 and low <= r['ratio'] <= high
   for r in records:
     images = r.get('images_per_iter', 8)
     assert r['seconds_per_iter'] > 0 and r['images_per_sec'] == pytest.approx(images / r['seconds_per_iter'], rel=0.02)
@@ -32,6 +36,20 @@ def test_throughput_reports_every_kind_of_method(capsys):
   assert resist['worker_seconds'] == resist['seconds_per_iter']  # one worker per device
   out = capsys.readouterr().out
   assert '| resist | 2 | 2 |' in out and 'predicted K-device speed-up' in out
+  assert 'min-max over rounds' in out
+
+
+def test_throughput_isolates_runs_in_their_own_processes(tmp_path, capsys):
+  module = load('throughput')
+  with pytest.raises(SystemExit, match='cannot be interleaved'):
+    module.main(['--isolate', '--rounds=2'])
+  out = tmp_path / 'runs.jsonl'
+  records = module.main(['--model=preact_tiny', '--batch=4', '--warmup=1', '--iters=1', '--isolate',
+                         '--runs=bp', f'--json_out={out}'])  # one child process: each costs seconds
+  assert [r['method'] for r in records] == ['bp'] and records[0]['ratio'] == 1
+  assert records[0]['model'] == 'preact_tiny' and records[0]['batch'] == 4  # the flags reached the child
+  assert [json.loads(l)['method'] for l in out.read_text().splitlines()] == ['bp']
+  assert '| bp | 1 | 1 |' in capsys.readouterr().out
 
 
 def test_resist_worker_benchmark_times_each_sub_network(capsys):
