@@ -15,7 +15,8 @@ Each run is METHOD:K:DEVICES (K and DEVICES default to 1):
   average every --local_steps iterations (the averaging's cost is in the mean, not in the median).
 For every run: the median seconds per iteration over --iters timed iterations (after --warmup
 iterations, which include compilation and the pipeline fill; every timed iteration waits for its
-results) and their mean, images/s (from the median), the ratio to the first run, and: for pipeline
+results) and their mean, images/s (from the median), the time ratio to the first run, the measured
+speed-up over it (images/s against the first run's, on the devices present), and: for pipeline
 methods each stage's time measured on idle devices plus the speed-up that K devices would give if they
 were perfectly overlapped (sum of stage times / max stage time); for replica methods the time of one
 worker's step (the iteration's time over the workers each device runs one after another). Peak device
@@ -184,6 +185,9 @@ def main(argv=None):
     stats = jax.devices()[0].memory_stats() or {}
     if 'peak_bytes_in_use' in stats and len(runs) == 1:  # a process-wide high-water mark
       results[0]['peak_memory_gb'] = round(stats['peak_bytes_in_use'] / 2**30, 3)
+  images = [r.get('images_per_iter', r['batch']) for r in results]
+  for r, n in zip(results, images):  # images/s against the first run's, from the (median) time ratio
+    r['measured_speedup'] = float(f"{n / images[0] / r['ratio']:.4g}")
   for r in results:
     print(json.dumps(r), flush=True)
     if args.json_out:
@@ -193,16 +197,16 @@ def main(argv=None):
   ranges = any('ratio_range' in r for r in results)
   print(f'\n| method | K or S | devices | s/iter (median) | s/iter (mean) | images/s | '
         f'vs {results[0]["method"]} (time){" [min-max over rounds]" if ranges else ""} | '
-        f'stage s / worker s | predicted K-device speed-up |' + (' peak memory GB |' if any(
-            'peak_memory_gb' in r for r in results) else ''))
-  print('|---|---|---|---|---|---|---|---|---|' + ('---|' if any('peak_memory_gb' in r for r in results) else ''))
+        f'stage s / worker s | predicted K-device speed-up | measured speed-up (images/s) |'
+        + (' peak memory GB |' if any('peak_memory_gb' in r for r in results) else ''))
+  print('|---|---|---|---|---|---|---|---|---|---|' + ('---|' if any('peak_memory_gb' in r for r in results) else ''))
   for r in results:
     parts = ", ".join(f"{s:.3f}" for s in r.get("stage_seconds", [])) or (
         f'{r["worker_seconds"]:.3f}' if 'worker_seconds' in r else '-')
     ratio = f'{r["ratio"]:.3f}' + (' [{:.3f}-{:.3f}]'.format(*r['ratio_range']) if 'ratio_range' in r else '')
     print(f'| {r["method"]} | {r["stages"]} | {r["devices"]} | {r["seconds_per_iter"]:.4f} | '
           f'{r["mean_seconds_per_iter"]:.4f} | {r["images_per_sec"]:.0f} | {ratio} | '
-          f'{parts} | {r.get("predicted_speedup_on_k_devices", "-")} |'
+          f'{parts} | {r.get("predicted_speedup_on_k_devices", "-")} | {r["measured_speedup"]:.3f} |'
           + (f' {r.get("peak_memory_gb", "-")} |' if any('peak_memory_gb' in x for x in results) else ''))
   return results
 

@@ -27,6 +27,8 @@ def test_throughput_reports_every_kind_of_method(capsys):
   for r in records:  # the ratio is the median of the two rounds' ratios, inside their range
     low, high = r['ratio_range']
     assert r['rounds'] == 2 and low <= r['ratio'] <= high
+  assert records[1]['measured_speedup'] == pytest.approx(1 / records[1]['ratio'], rel=2e-3)
+  assert records[2]['measured_speedup'] == pytest.approx(2 / records[2]['ratio'], rel=2e-3)  # 2 x 8 images
   for r in records:
     images = r.get('images_per_iter', 8)
     assert r['seconds_per_iter'] > 0 and r['images_per_sec'] == pytest.approx(images / r['seconds_per_iter'], rel=0.02)
