@@ -64,6 +64,7 @@ def plot_curves(runs: Sequence[str] | Mapping[str, str], path: str | None = None
   if path is not None and matplotlib.get_backend().lower() not in ('agg', 'module://matplotlib_inline.backend_inline'):
     matplotlib.use('Agg')  # files only: no display needed
   import matplotlib.pyplot as plt
+  import matplotlib.ticker
 
   if not isinstance(runs, Mapping):
     labels = [run_label(w) for w in runs]
@@ -78,6 +79,7 @@ def plot_curves(runs: Sequence[str] | Mapping[str, str], path: str | None = None
   ax_loss.set(xlabel='epoch', ylabel='training loss')
   for ax in (ax_err, ax_loss):
     ax.grid(alpha=0.3)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # whole epochs
   # One legend, right of both panels, so it never covers a curve.
   fig.legend(*ax_err.get_legend_handles_labels(), loc='center left', bbox_to_anchor=(1.0, 0.5))
   if title:

@@ -256,6 +256,17 @@ def machine() -> dict:
           'jax': jax.__version__, 'python': platform.python_version()}
 
 
+_ARCHITECTURES = {'x86_64', 'amd64', 'aarch64', 'arm64', 'i386', 'i686', ''}
+
+
+def same_machines_once(machines: list[dict]) -> list[dict]:
+  """Drops a record whose CPU is only an architecture name (what ``platform`` gives where the CPU's
+  model name was not read) when a record alike in everything else names the CPU."""
+  rest = lambda m: json.dumps({k: v for k, v in m.items() if k != 'cpu'}, sort_keys=True)
+  named = {rest(m) for m in machines if m['cpu'].lower() not in _ARCHITECTURES}
+  return [m for m in machines if m['cpu'].lower() not in _ARCHITECTURES or rest(m) not in named]
+
+
 def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0,
               time_limit_s: float = 0.0, log: Callable[[str], None] = print,
               keep_checkpoints: bool = False) -> dict:
@@ -331,8 +342,7 @@ def report(study: Study, workdir: str, results_path: str, figures_dir: str, comm
           m = json.loads(line)
           dates.append(m.pop('date')[:10])
           machines.add(json.dumps(m, sort_keys=True))
-  for m in sorted(machines):
-    m = json.loads(m)
+  for m in same_machines_once([json.loads(m) for m in sorted(machines)]):
     lines.append(f"- Machine: {m['devices']} x {m['device']} ({m['platform']}), host CPU {m['cpu']} with "
                  f"{m['cpu_count']} cores, jax {m['jax']}, Python {m['python']}.")
   if dates:

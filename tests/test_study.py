@@ -49,6 +49,13 @@ def test_runs_in_pieces_resumes_and_reports(tmp_path):
   assert '](figures/tiny_resnet_8_k_2.png)' in text
 
 
+def test_a_machine_recorded_without_its_cpu_name_is_listed_once():
+  base = {'platform': 'cpu', 'device': 'cpu', 'devices': 1, 'cpu_count': 2, 'jax': '0.10.2', 'python': '3.11.7'}
+  epyc, bare, other = {**base, 'cpu': 'AMD EPYC'}, {**base, 'cpu': 'x86_64'}, {**base, 'cpu_count': 8, 'cpu': 'x86_64'}
+  assert study_lib.same_machines_once([bare, epyc, other]) == [epyc, other]  # other: no named twin
+  assert study_lib.same_machines_once([bare]) == [bare]
+
+
 def test_every_study_builds_valid_configs():
   from jaxdecouple.config import validate
   for name, make in study_lib.STUDIES.items():
