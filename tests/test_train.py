@@ -156,10 +156,13 @@ def test_tensorboard_events_when_a_writer_library_is_installed(workdir, monkeypa
   assert ('eval/test_accuracy', 8) in {(t, s) for t, _, s in scalars}
 
 
-@pytest.mark.parametrize('method', ['bp', 'fdg'])
-def test_split_and_fused_backward_agree(method, workdir, tmp_path):
-  """The CPU default (forward and backward as two compiled calls) is the same step as one call."""
-  kw = {'method': method, 'max_steps': 6, 'pipeline.num_stages': 2, 'optim.learning_rate': 0.005}
+@pytest.mark.parametrize('method, keep', [('bp', 'vjp'), ('fdg', 'recompute'), ('ddg', 'recompute'), ('dgl', 'vjp')])
+def test_split_and_fused_backward_agree(method, keep, workdir, tmp_path):
+  """The CPU default (forward and backward as two compiled calls) is the same step as the GPUs' one
+  call: for BP, the pipeline's last stage, a recomputed forward in a stage's backward (FDG's fused
+  backward-and-forward, the forward-locked DDG's backward) and DGL's local step."""
+  kw = {'method': method, 'max_steps': 6, 'pipeline.num_stages': 2, 'optim.learning_rate': 0.005,
+        'pipeline.keep': keep}
   split = train_and_evaluate(tiny_config(split_backward='on', **kw), workdir)
   fused = train_and_evaluate(tiny_config(split_backward='off', **kw), str(tmp_path / 'fused'))
   assert_trees_close(split.variables, fused.variables, tol=1e-4)
