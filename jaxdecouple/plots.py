@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from typing import Mapping, Sequence
 
 from jaxdecouple.writers import read_metrics
@@ -38,6 +39,21 @@ def learning_curves(workdir: str) -> dict[str, list[float]]:
   return curves
 
 
+def median_curves(workdirs: Sequence[str]) -> dict[str, list[float]]:
+  """Several runs of one setting (seeds) as one curve: at every epoch that all of them evaluated, the
+  median of their test errors and training losses, with the lowest and highest beside them
+  (``test_error_low``, ``test_error_high``, ``train_loss_low``, ``train_loss_high``)."""
+  runs = [learning_curves(w) for w in workdirs]
+  by_epoch = [{round(e, 4): i for i, e in enumerate(r['epoch'])} for r in runs]
+  epochs = sorted(set.intersection(*(set(b) for b in by_epoch))) if runs else []
+  out: dict[str, list[float]] = {'epoch': epochs}
+  for key in ('test_error', 'train_loss'):
+    values = [sorted(r[key][b[e]] for r, b in zip(runs, by_epoch)) for e in epochs]
+    out[key] = [statistics.median(v) for v in values]
+    out[f'{key}_low'], out[f'{key}_high'] = [v[0] for v in values], [v[-1] for v in values]
+  return out
+
+
 def run_label(workdir: str) -> str:
   """A short label from the run's config.json: method, K and beta for pipelines."""
   try:
@@ -54,11 +70,13 @@ def run_label(workdir: str) -> str:
   return label
 
 
-def plot_curves(runs: Sequence[str] | Mapping[str, str], path: str | None = None, title: str | None = None):
+def plot_curves(runs: Sequence[str] | Mapping[str, str | Sequence[str]], path: str | None = None,
+                title: str | None = None):
   """Draws test error (%) and training loss per epoch for one or several workdirs.
 
-  ``runs`` is a list of workdirs (labels come from their config.json) or a {label: workdir} dict.
-  Saves a PNG when ``path`` is given; returns the matplotlib Figure (shown inline in notebooks).
+  ``runs`` is a list of workdirs (labels come from their config.json) or a {label: workdir} dict; a
+  dict's value may be a list of workdirs (one setting, several seeds): drawn as their median with
+  their range as a band (``median_curves``). Saves a PNG when ``path`` is given; returns the matplotlib Figure (shown inline in notebooks).
   """
   import matplotlib
   if path is not None and matplotlib.get_backend().lower() not in ('agg', 'module://matplotlib_inline.backend_inline'):
@@ -72,9 +90,13 @@ def plot_curves(runs: Sequence[str] | Mapping[str, str], path: str | None = None
             for label, w in zip(labels, runs)}
   fig, (ax_err, ax_loss) = plt.subplots(1, 2, figsize=(10, 3.8))
   for label, workdir in runs.items():
-    curves = learning_curves(workdir)
-    ax_err.plot(curves['epoch'], curves['test_error'], marker='o', markersize=3, label=label)
-    ax_loss.plot(curves['epoch'], curves['train_loss'], marker='o', markersize=3, label=label)
+    several = not isinstance(workdir, str)
+    curves = median_curves(workdir) if several else learning_curves(workdir)
+    for ax, key in ((ax_err, 'test_error'), (ax_loss, 'train_loss')):
+      line, = ax.plot(curves['epoch'], curves[key], marker='o', markersize=3, label=label)
+      if several and len(workdir) > 1:  # the seeds' range as a band in the line's colour
+        ax.fill_between(curves['epoch'], curves[f'{key}_low'], curves[f'{key}_high'],
+                        color=line.get_color(), alpha=0.15, linewidth=0)
   ax_err.set(xlabel='epoch', ylabel='test error (%)')
   ax_loss.set(xlabel='epoch', ylabel='training loss')
   for ax in (ax_err, ax_loss):

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from jaxdecouple.plots import learning_curves, plot_curves, run_label
+from jaxdecouple.plots import learning_curves, median_curves, plot_curves, run_label
 
 
 def fake_run(workdir, records, config):
@@ -52,3 +52,24 @@ def test_runs_with_the_same_label_are_all_drawn(tmp_path):
     runs.append(wd)
   fig = plot_curves(runs)
   assert [line.get_label() for line in fig.axes[0].lines] == ['BP (a)', 'BP (b)']
+
+
+def test_seeds_of_one_setting_are_drawn_as_their_median_with_their_range(tmp_path):
+  runs = []
+  for seed, (acc1, acc2, loss) in enumerate([(0.5, 0.8, 1.0), (0.6, 0.7, 3.0), (0.7, 0.9, 2.0)]):
+    wd = str(tmp_path / f'seed{seed}')
+    records = [{'kind': 'train', 'step': 1, 'train_loss': loss},
+               {'kind': 'eval', 'step': 1, 'epoch': 1.0, 'test_accuracy': acc1}]
+    if seed != 2:  # the third seed has not reached epoch 2 yet: epoch 2 is left out
+      records += [{'kind': 'eval', 'step': 2, 'epoch': 2.0, 'test_accuracy': acc2}]
+    fake_run(wd, records, {'method': 'bp'})
+    runs.append(wd)
+  curves = median_curves(runs)
+  assert curves['epoch'] == [1.0]
+  assert curves['test_error'] == pytest.approx([40.0]) and curves['train_loss'] == [2.0]
+  assert curves['test_error_low'] == pytest.approx([30.0]) and curves['test_error_high'] == pytest.approx([50.0])
+  assert (curves['train_loss_low'], curves['train_loss_high']) == ([1.0], [3.0])
+  assert median_curves(runs[:2])['test_error'] == pytest.approx([45.0, 25.0])  # even count: the mean of two
+  fig = plot_curves({'BP (median of 3 seeds)': runs, 'one seed': [runs[0]], 'a workdir': runs[1]})
+  assert [line.get_label() for line in fig.axes[0].lines] == ['BP (median of 3 seeds)', 'one seed', 'a workdir']
+  assert len(fig.axes[0].collections) == len(fig.axes[1].collections) == 1  # one band: the 3 seeds' range
