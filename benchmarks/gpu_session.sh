@@ -37,8 +37,8 @@ fi
         --json_out="$OUT/throughput.jsonl"
   fi
   if [ "$PART" = all ] || [ "$PART" = 2 ]; then
-    $PY benchmarks/resist_worker.py --model=preact101 --batch=128 --workers=4 --with_cond --warmup=3 \
-        --iters=10 --json_out="$OUT/resist.jsonl"
+    $PY benchmarks/resist_worker.py --model=preact101 --batch=128 --workers=4 --with_cond --warmup=3 --rounds=2 \
+        --iters=5 --json_out="$OUT/resist.jsonl"
     $PY benchmarks/throughput.py --model=preact101 --dataset=cifar100 --batch=128 --local_steps=10 \
         --warmup=5 --iters=20 --runs=bp,localsgd:4:1,resist:4:1 --json_out="$OUT/replica.jsonl"
   fi

@@ -9,7 +9,9 @@ the S sub-networks of round 0 as the replica engine runs them: by default (repli
 worker's own partitioned blocks gathered into fixed slots, no control flow; with --with_cond also
 through lax.cond per block (replica.skip=cond), and the full model through that lax.cond code.
 Reports the median seconds over --iters timed iterations after --warmup (compilation), each waiting
-for its result, the ratio to the full step, and the ratio predicted from the blocks' FLOPs (XLA's
+for its result (with --rounds=R: every row compiled and warmed first, then R rounds each timing every
+row in turn; seconds and ratio are medians over the rounds, with the ratios' range), the ratio to the
+full step, and the ratio predicted from the blocks' FLOPs (XLA's
 cost analysis of each block's forward). Prints one JSON line per measurement, then a markdown table.
 """
 from __future__ import annotations
@@ -33,7 +35,9 @@ def parse_args(argv=None):
   p.add_argument('--min_depth', type=int, default=0, help='minimum number of partitioned blocks per worker')
   p.add_argument('--with_cond', action='store_true', help='also time the lax.cond variant (slow on CPU)')
   p.add_argument('--warmup', type=int, default=2, help='untimed iterations (compilation)')
-  p.add_argument('--iters', type=int, default=5, help='timed iterations')
+  p.add_argument('--iters', type=int, default=5, help='timed iterations (per round)')
+  p.add_argument('--rounds', type=int, default=1, help='time every row in R interleaved rounds; the ratio to '
+                 'the full step is the median of the R per-round ratios (noisy machines)')
   p.add_argument('--json_out', default='', help='also append the JSON lines to this file')
   return p.parse_args(argv)
 
@@ -75,14 +79,15 @@ def main(argv=None):
   flops = dict(zip(engine.model.block_names, flops))
   full_flops = sum(flops.values())
 
-  def measure(member, skip):
+  def step(member, skip):
     fn, member = (plain, ()) if member is None else (steps[skip], jnp.asarray(member))
-    for _ in range(args.warmup):
-      jax.block_until_ready(fn(params, stats, opt_state, member, images, labels, 0, np.int32(0)))
+    return lambda: jax.block_until_ready(fn(params, stats, opt_state, member, images, labels, 0, np.int32(0)))
+
+  def timed(call):
     times = []
     for _ in range(args.iters):
       start = time.perf_counter()
-      jax.block_until_ready(fn(params, stats, opt_state, member, images, labels, 0, np.int32(0)))
+      call()
       times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -94,10 +99,15 @@ def main(argv=None):
   if args.with_cond:
     rows += [('full model through lax.cond', np.ones(len(blocks), bool), 'cond')]
     rows += [(f'worker {w} of {args.workers}, lax.cond', membership[w], 'cond') for w in range(args.workers)]
-  results, full = [], None
-  for label, member, skip in rows:
-    seconds = measure(member, skip)
-    full = full or seconds
+  calls = [step(member, skip) for _, member, skip in rows]
+  for call in calls:  # compilation and warm-up of every row first, then the timed rounds
+    for _ in range(args.warmup):
+      call()
+  rounds = [[timed(call) for call in calls] for _ in range(args.rounds)]
+  results = []
+  for i, (label, member, skip) in enumerate(rows):
+    seconds = statistics.median(r[i] for r in rounds)
+    ratios = [r[i] / r[0] for r in rounds]
     active = np.ones(len(blocks), bool) if member is None else member
     # gathered: every slot is computed, a sub-network smaller than the largest one drops its last slot
     computed = engines[skip].slots if skip in ('gather', 'gather_all') else int(active.sum())
@@ -105,8 +115,10 @@ def main(argv=None):
                  + computed * flops[blocks[0]]) / full_flops
     record = {'model': args.model, 'batch': args.batch, 'run': label, 'skip': skip, 'blocks': int(active.sum()),
               'computed': computed,
-              'seconds': round(seconds, 4), 'ratio': round(seconds / full, 3),
+              'seconds': round(seconds, 4), 'ratio': round(statistics.median(ratios), 3),
               'flop_ratio': round(predicted, 3), 'device': str(jax.devices()[0].device_kind)}
+    if args.rounds > 1:
+      record['rounds'], record['ratio_range'] = args.rounds, [round(min(ratios), 3), round(max(ratios), 3)]
     results.append(record)
     print(json.dumps(record), flush=True)
     if args.json_out:
@@ -114,10 +126,14 @@ def main(argv=None):
         f.write(json.dumps(record) + '\n')
   print(f'\n{args.model}, batch {args.batch} per worker, {len(blocks)} partitioned blocks, S = {args.workers}, '
         f'on {jax.devices()[0].device_kind}\n')
-  print('| step | partitioned blocks owned | computed | s/step | vs full | FLOP ratio |')
+  print('| step | partitioned blocks owned | computed | s/step | vs full'
+        + (' [min-max over rounds]' if args.rounds > 1 else '') + ' | FLOP ratio |')
   print('|---|---|---|---|---|---|')
   for r in results:
-    print(f"| {r['run']} | {r['blocks']} | {r['computed']} | {r['seconds']:.3f} | {r['ratio']:.2f} | {r['flop_ratio']:.2f} |")
+    spread = ' [{:.2f}-{:.2f}]'.format(*r['ratio_range']) if 'ratio_range' in r else ''
+    print(f"| {r['run']} | {r['blocks']} | {r['computed']} | {r['seconds']:.3f} | {r['ratio']:.2f}{spread} | "
+          f"{r['flop_ratio']:.2f} |")
+  return results
 
 
 if __name__ == '__main__':

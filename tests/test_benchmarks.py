@@ -55,9 +55,13 @@ def test_throughput_isolates_runs_in_their_own_processes(tmp_path, capsys):
 
 
 def test_resist_worker_benchmark_times_each_sub_network(capsys):
-  load('resist_worker').main(['--model=preact_tiny', '--batch=8', '--workers=2', '--warmup=1', '--iters=1',
-                              '--with_cond'])
+  records = load('resist_worker').main(['--model=preact_tiny', '--batch=8', '--workers=2', '--warmup=1',
+                                        '--iters=1', '--with_cond', '--rounds=2'])
+  assert records[0]['ratio'] == 1 and records[0]['ratio_range'] == [1, 1]  # the full step: the baseline
+  for r in records:
+    assert r['ratio_range'][0] <= r['ratio'] <= r['ratio_range'][1] and r['seconds'] > 0
   out = capsys.readouterr().out
+  assert 'min-max over rounds' in out
   assert out.count(', gathered |') == 2 and out.count(', lax.cond |') == 2
   assert '| full model (local SGD step, no skipping) | 5 | 5 |' in out
   assert '| full model through the gather path | 5 | 5 |' in out
