@@ -195,11 +195,12 @@ def main(argv=None):
         f.write(json.dumps(r) + '\n')
 
   ranges = any('ratio_range' in r for r in results)
+  memory = any('peak_memory_gb' in r for r in results)
   print(f'\n| method | K or S | devices | s/iter (median) | s/iter (mean) | images/s | '
         f'vs {results[0]["method"]} (time){" [min-max over rounds]" if ranges else ""} | '
         f'stage s / worker s | predicted K-device speed-up | measured speed-up (images/s) |'
-        + (' peak memory GB |' if any('peak_memory_gb' in r for r in results) else ''))
-  print('|---|---|---|---|---|---|---|---|---|---|' + ('---|' if any('peak_memory_gb' in r for r in results) else ''))
+        + (' peak memory GB |' if memory else ''))
+  print('|---|---|---|---|---|---|---|---|---|---|' + ('---|' if memory else ''))
   for r in results:
     parts = ", ".join(f"{s:.3f}" for s in r.get("stage_seconds", [])) or (
         f'{r["worker_seconds"]:.3f}' if 'worker_seconds' in r else '-')
@@ -207,7 +208,7 @@ def main(argv=None):
     print(f'| {r["method"]} | {r["stages"]} | {r["devices"]} | {r["seconds_per_iter"]:.4f} | '
           f'{r["mean_seconds_per_iter"]:.4f} | {r["images_per_sec"]:.0f} | {ratio} | '
           f'{parts} | {r.get("predicted_speedup_on_k_devices", "-")} | {r["measured_speedup"]:.3f} |'
-          + (f' {r.get("peak_memory_gb", "-")} |' if any('peak_memory_gb' in x for x in results) else ''))
+          + (f' {r.get("peak_memory_gb", "-")} |' if memory else ''))
   return results
 
 
