@@ -1,11 +1,13 @@
 """DGL against a sequential reference of its definition; its auxiliary head; K = 1 is BP."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
-from conftest import SequentialStages, assert_trees_close, assert_trees_equal, tiny_config
+from conftest import SequentialStages, assert_trees_close, assert_trees_equal, sgd_step, tiny_config
 from jaxdecouple.errors import ConfigError
 from jaxdecouple.models import AuxHead, adaptive_avg_pool, count_params
 from jaxdecouple.train import train_and_evaluate
@@ -35,10 +37,12 @@ def reference_dgl(config, steps, send_after_update=False):
   x = jnp.zeros((1, *ref.ds.image_shape))
   for k in range(K - 1):
     x = ref.run(k, ref.params[k], x, ref.stats[k])[0]
-    v = head.init(jax.random.fold_in(jax.random.key(config.seed), 1000 + k), x, train=False)
+    v = jax.jit(functools.partial(head.init, train=False))(jax.random.fold_in(jax.random.key(config.seed), 1000 + k), x)
     heads.append([v['params'], v['batch_stats']])
     momenta.append(jax.tree.map(jnp.zeros_like, v['params']))
   inputs, labels = [{} for _ in range(K)], {}
+  head_forward = jax.jit(lambda hp, hs, y: head.apply({'params': hp, 'batch_stats': hs}, y, train=True,
+                                                      mutable=['batch_stats']))  # jitted for speed only
   for t in range(steps):
     lr = ref.lr(t)
     inputs[0][t], labels[t] = ref.batch(t)
@@ -56,16 +60,13 @@ def reference_dgl(config, steps, send_after_update=False):
 
       def local_loss(p, hp):
         y, new = ref.run(k, p, inputs[k][m], ref.stats[k])
-        logits, hv = head.apply({'params': hp, 'batch_stats': heads[k][1]}, y, train=True,
-                                mutable=['batch_stats'])
+        logits, hv = head_forward(hp, heads[k][1], y)
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels[m]).mean()
         return ce, (y, new, hv['batch_stats'])
       (gp, gh), (y, stats, heads[k][1]) = jax.grad(local_loss, (0, 1), has_aux=True)(
           ref.params[k], heads[k][0])
       ref.sgd(k, gp, lr)
-      gh = jax.tree.map(lambda g, p: g + 5e-4 * p, gh, heads[k][0])
-      momenta[k] = jax.tree.map(lambda b, g: 0.9 * b + g, momenta[k], gh)
-      heads[k][0] = jax.tree.map(lambda p, b: p - lr * b, heads[k][0], momenta[k])
+      heads[k][0], momenta[k] = sgd_step(heads[k][0], momenta[k], gh, lr)  # the stage's SGD, as ref.sgd
       if send_after_update:
         y = ref.run(k, ref.params[k], inputs[k][m], ref.stats[k])[0]
       ref.stats[k] = stats
@@ -125,11 +126,13 @@ def test_auxiliary_head_shape_and_size():
   """16 channels at 32x32: pool to 8x8, three 1x1 convs (16x16 each, BN), pool to 2x2 = 64 features,
   three 64x64 linear layers without bias (BN), a 64 -> 10 classifier with bias."""
   head = AuxHead(10)
-  v = head.init(jax.random.key(0), jnp.zeros((1, 32, 32, 16)), train=False)
+  init = jax.jit(functools.partial(head.init, train=False))  # jitted only to keep the suite fast
+  apply = jax.jit(functools.partial(head.apply, train=False))
+  v = init(jax.random.key(0), jnp.zeros((1, 32, 32, 16)))
   assert count_params(v['params']) == 3 * 16 * 16 + 3 * 2 * 16 + 3 * 64 * 64 + 3 * 2 * 64 + 64 * 10 + 10
-  assert head.apply(v, jnp.ones((5, 32, 32, 16)), train=False).shape == (5, 10)
-  v7 = head.init(jax.random.key(0), jnp.zeros((1, 7, 7, 8)), train=False)  # 7x7: pool to 2, then 2
-  assert head.apply(v7, jnp.ones((3, 7, 7, 8)), train=False).shape == (3, 10)
+  assert apply(v, jnp.ones((5, 32, 32, 16))).shape == (5, 10)
+  v7 = init(jax.random.key(0), jnp.zeros((1, 7, 7, 8)))  # 7x7: pool to 2, then 2
+  assert apply(v7, jnp.ones((3, 7, 7, 8))).shape == (3, 10)
 
 
 def test_beta_is_refused(workdir):

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from conftest import assert_trees_close, assert_trees_equal, tiny_config
+from conftest import assert_trees_close, assert_trees_equal, sgd_step, tiny_config
 from jaxdecouple.data import Preprocess, TrainOrder, load_dataset, train_inputs
 from jaxdecouple.errors import CheckpointError
 from jaxdecouple.models import build_model
@@ -32,19 +32,18 @@ def reference_bp(config, steps):
   order = TrainOrder(len(ds.x_train), config.batch_size, config.seed)
   pre = Preprocess(ds.mean, ds.std, 4, True, True)
   spe = order.steps_per_epoch
+  forward = jax.jit(lambda p, s, x: model.apply({'params': p, 'batch_stats': s}, x, train=True))  # speed only
   for t in range(steps):
     idx = order.indices(t)
     x = train_inputs(jnp.asarray(ds.x_train[idx]), t, config.seed, pre)
     y = jnp.asarray(ds.y_train[idx])
 
     def loss(p):
-      logits, new = model.apply({'params': p, 'batch_stats': stats}, x, train=True)
+      logits, new = forward(p, stats, x)
       return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), new
     grads, stats = jax.grad(loss, has_aux=True)(params)
     lr = config.optim.learning_rate * (0.1 if t >= config.optim.milestones[0] * spe else 1.0)
-    grads = jax.tree.map(lambda g, p: g + 5e-4 * p, grads, params)
-    momentum = jax.tree.map(lambda m, g: 0.9 * m + g, momentum, grads)
-    params = jax.tree.map(lambda p, m: p - lr * m, params, momentum)
+    params, momentum = sgd_step(params, momentum, grads, lr)  # conftest: weight decay, momentum 0.9
   return {'params': params, 'batch_stats': stats}
 
 
