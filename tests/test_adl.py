@@ -78,7 +78,7 @@ def adl_2_2_b(tmp_path_factory):
   return train_and_evaluate(adl_config(2, 2, 'B'), str(tmp_path_factory.mktemp('adl') / 'run'))
 
 
-@pytest.mark.parametrize('k,m,mode', [(2, 2, 'B'), (3, 2, 'B'), (3, 3, 'A')])
+@pytest.mark.parametrize('k,m,mode', [(1, 2, 'B'), (2, 2, 'B'), (3, 2, 'B'), (3, 3, 'A')])
 def test_adl_matches_the_sequential_reference(k, m, mode, workdir, request):
   config = adl_config(k, m, mode)
   if (k, m, mode) == (2, 2, 'B'):

@@ -45,8 +45,43 @@ def test_runs_in_pieces_resumes_and_reports(tmp_path):
   assert f'| {median:.2f} ({min(errors):.2f}-{max(errors):.2f}), n=2 | 50.00 |' in row
   assert '| row | BP | paper | FDG beta=1 |' in text
   assert 'Finished runs: 4 of 4' in text and 'Machine: 4 x' in text
+  fdg = {r.seed: 100 * (1 - json.load(open(os.path.join(study_lib.run_dir(workdir, r), 'finished.json')))['test_accuracy'])
+         for r in study.runs if r.column == 'FDG beta=1'}
+  bp = {r.seed: e for r, e in zip([r for r in study.runs if r.column == 'BP'], errors)}
+  paired = ((fdg[0] - bp[0]) + (fdg[1] - bp[1])) / 2
+  assert f'| ResNet-8, K=2 | {paired:+.2f}, n=2 |' in text  # the gap table (no paper gap: no paper FDG)
+  assert f'- FDG within 100 points of BP: **met** (ResNet-8, K=2: {paired:+.2f}, n=2)' in text
+  assert f'- FDG within -100 points of BP: **missed** (ResNet-8, K=2: {paired:+.2f}, n=2)' in text
   assert os.path.exists(os.path.join(figures, 'tiny_resnet_8_k_2.png'))
   assert '](figures/tiny_resnet_8_k_2.png)' in text
+
+
+def test_gaps_pair_seeds_and_checks_decide(tmp_path):
+  """Gaps are medians of per-seed differences over the seeds both finished; checks read them."""
+  rows = ('A, K=2', 'A, K=4')
+  runs = [study_lib.Run(row, col, seed, build=None) for row in rows for col in ('BP', 'M') for seed in (0, 1, 2)]
+  errors = {('A, K=2', 'BP'): [10.0, 12.0, 30.0], ('A, K=2', 'M'): [11.0, 14.0, None],   # gaps +1, +2
+            ('A, K=4', 'BP'): [10.0, 12.0, None], ('A, K=4', 'M'): [13.0, 13.0, 20.0]}   # gaps +3, +1
+  workdir = str(tmp_path)
+  for run in runs:
+    error = errors[(run.row, run.column)][run.seed]
+    if error is not None:
+      os.makedirs(study_lib.run_dir(workdir, run))
+      with open(os.path.join(study_lib.run_dir(workdir, run), 'finished.json'), 'w') as f:
+        json.dump({'test_accuracy': 1 - error / 100}, f)
+  claims = (study_lib.Claim('grows', 'M', rows), study_lib.Claim('shrinks', 'M', rows[::-1]),
+            study_lib.Claim('close at 2', 'M', rows[:1], 1.5), study_lib.Claim('close at 4', 'M', rows[1:], 1.5),
+            study_lib.Claim('vs nobody', 'M', rows[:1], 1.0, baseline='N'))
+  study = study_lib.Study('t', 'T', 'd', 'r', tuple(runs), claims=claims)
+  assert study_lib.gap(study, workdir, 'A, K=2', 'M', 'BP') == (pytest.approx(1.5), 2)  # seed 2: no M, unpaired
+  assert study_lib.gap(study, workdir, 'A, K=4', 'M', 'BP') == (pytest.approx(2.0), 2)
+  lines = [study_lib.check(study, workdir, c) for c in claims]
+  assert lines == ['- grows: **yes** (A, K=2: +1.50, n=2; A, K=4: +2.00, n=2)',
+                   '- shrinks: **no** (A, K=4: +2.00, n=2; A, K=2: +1.50, n=2)',
+                   '- close at 2: **met** (A, K=2: +1.50, n=2)', '- close at 4: **missed** (A, K=4: +2.00, n=2)',
+                   '- vs nobody: waiting for runs (A, K=2: -)']
+  with pytest.raises(ValueError, match='one row needs a limit'):
+    study_lib.Claim('x', 'M', rows[:1])
 
 
 def test_a_machine_recorded_without_its_cpu_name_is_listed_once():
