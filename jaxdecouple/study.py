@@ -94,6 +94,7 @@ class Study:
   needs: str = ''               # what the study needs (a GPU, a data file)
   claims: tuple[Claim, ...] = ()
   baselines: tuple[str, ...] = ('BP', 'local SGD')  # each row's gaps are to the first of these it has
+  column_order: tuple[str, ...] = ()  # the table's columns; default: in the order the runs first name them
 
   @property
   def rows(self) -> list[str]:
@@ -101,7 +102,10 @@ class Study:
 
   @property
   def columns(self) -> list[str]:
-    return list(dict.fromkeys(r.column for r in self.runs))
+    named = list(dict.fromkeys(r.column for r in self.runs))
+    if self.column_order and sorted(self.column_order) != sorted(named):
+      raise ValueError(f'study {self.name}: column_order {self.column_order} is not the columns {named}')
+    return list(self.column_order) or named
 
 
 # --- the studies --------------------------------------------------------------------------------
@@ -147,7 +151,7 @@ def _cpu_fmnist() -> Study:
       'balanced split; replica methods: 50 local steps per round; one BP run per seed, shown in every row; the '
       'K=1 row is ADL with one stage, which is BP with the gradients of M=2 batches summed into each step: '
       "accumulation's effect without the delay's",
-      tuple(runs), claims=(
+      tuple(runs), column_order=(*(c for c, _, _ in pipeline), 'local SGD', 'ResIST'), claims=(
           Claim("DGL's gap to BP grows with K (the FDG paper, ResNet-56 on CIFAR-10: +0.58 at K=2, +3.46 at K=4)",
                 'DGL', ('ResNet-20, K=2', 'ResNet-20, K=4')),
           Claim('FDG beta=1 at K=2 within 0.3 points of BP (our target for ResNet-56 on CIFAR-10, here on '

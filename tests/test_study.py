@@ -82,6 +82,11 @@ def test_gaps_pair_seeds_and_checks_decide(tmp_path):
                    '- vs nobody: waiting for runs (A, K=2: -)']
   with pytest.raises(ValueError, match='one row needs a limit'):
     study_lib.Claim('x', 'M', rows[:1])
+  assert study.columns == ['BP', 'M'] and study_lib.Study('t', 'T', 'd', 'r', tuple(runs), column_order=('M', 'BP')).columns == ['M', 'BP']
+  with pytest.raises(ValueError, match='is not the columns'):
+    study_lib.Study('t', 'T', 'd', 'r', tuple(runs), column_order=('M',)).columns
+  # cpu_fmnist's first run is ADL at K=1, yet its table starts with BP, as the paper's does
+  assert study_lib.STUDIES['cpu_fmnist']().columns[:2] == ['BP', 'FDG beta=1']
 
 
 def test_a_machine_recorded_without_its_cpu_name_is_listed_once():
