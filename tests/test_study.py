@@ -55,6 +55,16 @@ def test_runs_in_pieces_resumes_and_reports(tmp_path):
   assert os.path.exists(os.path.join(figures, 'tiny_resnet_8_k_2.png'))
   assert '](figures/tiny_resnet_8_k_2.png)' in text
 
+  # Another study that shows these runs again (same folders) runs nothing and reports the same figures.
+  again = study_lib.Study('again', 'Again', 'synthetic', 'same', tuple(
+      r.shown_as('Shown again', column='BP' if r.column == 'BP' else 'FDG') for r in study.runs))
+  assert [r.name for r in again.runs] == [r.name for r in study.runs]
+  assert again.runs[0].config().to_dict() == study.runs[0].config().to_dict()
+  assert study_lib.run_study(again, workdir, log=lambda _: None) == {'finished': 4, 'ran': 0, 'left': 0}
+  shown = study_lib.report(again, workdir, results, figures, 'CMD2')
+  assert f'| Shown again | {median:.2f} ({min(errors):.2f}-{max(errors):.2f}), n=2 |' in shown
+  assert f'| Shown again | {paired:+.2f}, n=2 |' in shown
+
 
 def test_gaps_pair_seeds_and_checks_decide(tmp_path):
   """Gaps are medians of per-seed differences over the seeds both finished; checks read them."""
