@@ -104,3 +104,26 @@ def test_conv_layers_times_one_layer_per_section():
   # Every stride-1 section does the same FLOPs: 2 * batch * H * W * 9 * C_in * C_out.
   assert [r['forward_gflop'] for r in rows] == [round(2 * 2 * 9 * 32 * 32 * 16 * 16 / 1e9, 4)] * 3 + [
       round(2 * 2 * 9 * 16 * 16 * 16 * 32 / 1e9, 4)]
+
+
+def test_gpu_session_commands_parse():
+  """benchmarks/gpu_session.sh runs only on a lent GPU machine, whose minutes are few: every benchmark
+  command in it must take its flags, name known methods and models, and leave its results in $OUT."""
+  import shlex
+  from jaxdecouple.methods import METHODS
+  from jaxdecouple.models import build_model
+  with open(os.path.join(ROOT, 'benchmarks', 'gpu_session.sh'), encoding='utf-8') as f:
+    script = f.read().replace('\\\n', ' ')
+  commands = [line.split('benchmarks/', 1)[1] for line in script.splitlines()
+              if line.strip().startswith('$PY benchmarks/')]
+  assert len(commands) >= 6, commands
+  for command in commands:
+    for layout in ('', '--channels_last'):
+      name, *argv = shlex.split(command.replace('$layout', layout).replace('"$OUT', '"/tmp/out'))
+      args = load(name[:-len('.py')]).parse_args(argv)
+      assert args.json_out.startswith('/tmp/out/'), command
+      for run in (getattr(args, 'runs', '') or '').split(','):
+        if run:
+          assert run.split(':')[0] in METHODS, run
+      if getattr(args, 'model', None):
+        build_model(args.model, 10)
