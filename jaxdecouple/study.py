@@ -104,6 +104,10 @@ class Study:
   column_order: tuple[str, ...] = ()  # the table's columns; default: in the order the runs first name them
 
   @property
+  def needs_data_path(self) -> bool:
+    return '--data_path' in self.needs
+
+  @property
   def rows(self) -> list[str]:
     return list(dict.fromkeys(row for r in self.runs for row in (r.row, *r.also_rows)))
 
@@ -604,6 +608,11 @@ def main(argv=None) -> int:
   study = STUDIES[args.study]()
   if args.jobs < 1:
     p.error(f'--jobs must be at least 1, got {args.jobs}')
+  if not args.report and study.needs_data_path and not args.data_path:
+    p.error(f'study {args.study} needs {study.needs}: pass --data_path=FILE.npz (shared/data/README.md says '
+            'where the CIFAR-10 copy is)')
+  if not args.report and args.data_path and not os.path.isfile(args.data_path):
+    p.error(f'--data_path={args.data_path}: no such file')
   if not args.report:
     helper = [sys.executable, '-m', 'jaxdecouple.study', f'--study={args.study}', f'--workdir={args.workdir}',
               f'--data_path={args.data_path}', f'--max_runs={args.max_runs}',

@@ -112,7 +112,7 @@ def test_every_study_builds_valid_configs():
     study = make()
     assert len({r.name for r in study.runs}) == len(study.runs), name
     for run in study.runs:
-      config = run.config('cifar10.npz' if '--data_path' in study.needs else '')
+      config = run.config('cifar10.npz' if study.needs_data_path else '')
       validate(config)
       assert config.seed == run.seed
 
@@ -121,6 +121,17 @@ def test_cli_rejects_an_unknown_study(capsys):
   with pytest.raises(SystemExit):
     study_lib.main(['--study=nope', '--workdir=x'])
   assert 'invalid choice' in capsys.readouterr().err
+
+
+def test_cli_wants_the_data_file_a_study_needs_before_it_starts(tmp_path, capsys):
+  workdir = str(tmp_path / 'w')
+  with pytest.raises(SystemExit):
+    study_lib.main(['--study=cpu_cifar10', f'--workdir={workdir}'])
+  assert 'needs --data_path' in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    study_lib.main(['--study=cpu_cifar10', f'--workdir={workdir}', f'--data_path={tmp_path}/none.npz'])
+  assert 'none.npz: no such file' in capsys.readouterr().err
+  assert not os.path.exists(workdir)  # stopped before any run's folder was made
 
 
 def test_a_run_claimed_by_a_live_process_is_passed_over(tmp_path):
