@@ -387,6 +387,27 @@ def same_machines_once(machines: list[dict]) -> list[dict]:
   return [m for m in machines if m['cpu'].lower() not in _ARCHITECTURES or rest(m) not in named]
 
 
+@contextlib.contextmanager
+def _progress_to(path: str):
+  """Copies the run's progress lines (start-up, loss, images/s, ETA, evaluations) into its own log file
+  (appended: an interrupted run's pieces follow one another), whatever the console shows."""
+  import logging as logging_std
+  from absl import logging
+  from jaxdecouple.writers import quiet_library_logs
+  handler = logging_std.FileHandler(path, encoding='utf-8')
+  handler.setFormatter(logging_std.Formatter('%(asctime)s %(message)s', '%Y-%m-%d %H:%M:%S'))
+  quiet_library_logs(handler)
+  logger, verbosity = logging.get_absl_logger(), logging.get_verbosity()
+  logger.addHandler(handler)
+  logging.set_verbosity(max(verbosity, logging.INFO))
+  try:
+    yield
+  finally:
+    logging.set_verbosity(verbosity)
+    logger.removeHandler(handler)
+    handler.close()
+
+
 def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0,
               time_limit_s: float = 0.0, log: Callable[[str], None] = print,
               keep_checkpoints: bool = False) -> dict:
@@ -412,8 +433,9 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
         continue
       with open(os.path.join(where, 'machines.jsonl'), 'a', encoding='utf-8') as f:
         f.write(json.dumps({'date': datetime.datetime.now().isoformat(timespec='seconds'), **machine()}) + '\n')
-      log(f'[{i + 1}/{len(study.runs)}] {run.name}')
-      result = train_and_evaluate(run.config(data_path), where)
+      log(f'[{i + 1}/{len(study.runs)}] {run.name} (progress: {os.path.join(where, "log.txt")})')
+      with _progress_to(os.path.join(where, 'log.txt')):
+        result = train_and_evaluate(run.config(data_path), where)
       ran += 1
       if not result.finished:  # stopped by SIGTERM: leave it to the next call
         log(f'{run.name} stopped at step {result.step}; run the same command again to continue')
@@ -620,7 +642,10 @@ def main(argv=None) -> int:
               *(['--keep_checkpoints'] if args.keep_checkpoints else [])]
     helpers = [subprocess.Popen([*helper, f'--pin={j}/{args.jobs}']) for j in range(1, args.jobs)]
     cpus = os.sched_getaffinity(0) if hasattr(os, 'sched_getaffinity') else None
-    if args.pin:
+    if args.pin:  # a helper: its runs' progress goes only to their log.txt, not over the first process's
+      import logging as logging_std
+      from absl import logging
+      logging.get_absl_handler().setLevel(logging_std.WARNING)
       pin(*map(int, args.pin.split('/')))
     elif helpers:
       pin(0, args.jobs)

@@ -20,9 +20,9 @@ class _QuietLibraries(logging_std.Filter):
         or record.pathname.endswith('main.py')
 
 
-def quiet_library_logs() -> None:
-  """Keeps the console to our progress lines plus everyone's warnings."""
-  for handler in (logging.get_absl_handler(), *logging_std.getLogger().handlers):
+def quiet_library_logs(*handlers: logging_std.Handler) -> None:
+  """Keeps the console (and the ``handlers`` given) to our progress lines plus everyone's warnings."""
+  for handler in (logging.get_absl_handler(), *logging_std.getLogger().handlers, *handlers):
     if not any(isinstance(f, _QuietLibraries) for f in handler.filters):
       handler.addFilter(_QuietLibraries())
 

@@ -26,6 +26,9 @@ def test_runs_in_pieces_resumes_and_reports(tmp_path):
            if json.loads(line)['kind'] == 'train']
   assert steps == [2, 4, 6, 8]  # steps 1-2 from the interrupted piece, then resumed, not restarted
   assert not os.path.exists(os.path.join(study_lib.run_dir(workdir, first), 'checkpoints'))  # finished
+  progress = open(os.path.join(study_lib.run_dir(workdir, first), 'log.txt')).read()
+  assert 'resumed from the checkpoint at step 2' in progress and 'step 8/8' in progress  # the run's own log
+  assert 'test accuracy' in progress and 'orbax' not in progress.lower()
 
   assert study_lib.run_study(study, workdir, log=lambda _: None) == {'finished': 4, 'ran': 3, 'left': 0}
   assert study_lib.run_study(study, workdir, log=lambda _: None)['ran'] == 0  # all skipped
