@@ -388,9 +388,10 @@ def same_machines_once(machines: list[dict]) -> list[dict]:
 
 
 @contextlib.contextmanager
-def _progress_to(path: str):
-  """Copies the run's progress lines (start-up, loss, images/s, ETA, evaluations) into its own log file
-  (appended: an interrupted run's pieces follow one another), whatever the console shows."""
+def _progress_to(path: str, console: bool = True):
+  """Writes the run's progress lines (start-up, loss, images/s, ETA, evaluations) into its own log file
+  (appended: an interrupted run's pieces follow one another) and, unless ``console`` is False (a --jobs
+  helper, whose lines would interleave with the first process's), also wherever logging goes."""
   import logging as logging_std
   from absl import logging
   from jaxdecouple.writers import quiet_library_logs
@@ -398,19 +399,22 @@ def _progress_to(path: str):
   handler.setFormatter(logging_std.Formatter('%(asctime)s %(message)s', '%Y-%m-%d %H:%M:%S'))
   quiet_library_logs(handler)
   logger, verbosity = logging.get_absl_logger(), logging.get_verbosity()
+  propagate = logger.propagate
   logger.addHandler(handler)
+  logger.propagate = propagate and console
   logging.set_verbosity(max(verbosity, logging.INFO))
   try:
     yield
   finally:
     logging.set_verbosity(verbosity)
+    logger.propagate = propagate
     logger.removeHandler(handler)
     handler.close()
 
 
 def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0,
               time_limit_s: float = 0.0, log: Callable[[str], None] = print,
-              keep_checkpoints: bool = False) -> dict:
+              keep_checkpoints: bool = False, console: bool = True) -> dict:
   """Runs the study's unfinished runs in order; returns counts of finished, run and left runs.
 
   A finished run's checkpoints are deleted unless ``keep_checkpoints`` (the report needs only its
@@ -434,7 +438,7 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
       with open(os.path.join(where, 'machines.jsonl'), 'a', encoding='utf-8') as f:
         f.write(json.dumps({'date': datetime.datetime.now().isoformat(timespec='seconds'), **machine()}) + '\n')
       log(f'[{i + 1}/{len(study.runs)}] {run.name} (progress: {os.path.join(where, "log.txt")})')
-      with _progress_to(os.path.join(where, 'log.txt')):
+      with _progress_to(os.path.join(where, 'log.txt'), console):
         result = train_and_evaluate(run.config(data_path), where)
       ran += 1
       if not result.finished:  # stopped by SIGTERM: leave it to the next call
@@ -642,16 +646,18 @@ def main(argv=None) -> int:
               *(['--keep_checkpoints'] if args.keep_checkpoints else [])]
     helpers = [subprocess.Popen([*helper, f'--pin={j}/{args.jobs}']) for j in range(1, args.jobs)]
     cpus = os.sched_getaffinity(0) if hasattr(os, 'sched_getaffinity') else None
-    if args.pin:  # a helper: its runs' progress goes only to their log.txt, not over the first process's
-      import logging as logging_std
-      from absl import logging
-      logging.get_absl_handler().setLevel(logging_std.WARNING)
+    if args.pin:
       pin(*map(int, args.pin.split('/')))
     elif helpers:
       pin(0, args.jobs)
+    if not args.pin:  # the first process shows its runs' progress on the console as main.py does
+      from absl import logging
+      from jaxdecouple.writers import quiet_library_logs
+      logging.use_absl_handler()
+      quiet_library_logs()
     try:
       status = run_study(study, args.workdir, args.data_path, args.max_runs, args.time_limit_min * 60,
-                         keep_checkpoints=args.keep_checkpoints)
+                         keep_checkpoints=args.keep_checkpoints, console=not args.pin)
     finally:
       if cpus is not None:
         os.sched_setaffinity(0, cpus)  # when called in-process (tests, notebooks)

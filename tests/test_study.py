@@ -169,13 +169,32 @@ def test_a_run_claimed_by_a_live_process_is_passed_over(tmp_path):
     assert json.load(f)['pid'] == os.getpid()
 
 
-def test_jobs_run_different_runs_at_once(tmp_path):
+def test_jobs_run_different_runs_at_once(tmp_path, capfd):
   workdir, results = str(tmp_path / 'study'), str(tmp_path / 'RESULTS.md')
   assert study_lib.main(['--study=tiny', f'--workdir={workdir}', '--jobs=2', '--max_runs=1',
                          f'--results={results}', f'--figures={tmp_path / "figures"}']) == 0
   study = study_lib.STUDIES['tiny']()
   assert [study_lib.is_finished(workdir, r) for r in study.runs] == [True, True, False, False]
   assert 'Finished runs: 2 of 4' in open(results).read()
+  # Both runs' progress is in their log.txt; the console shows the first process's alone, not interleaved.
+  for run in study.runs[:2]:
+    assert 'step 8/8' in open(os.path.join(study_lib.run_dir(workdir, run), 'log.txt')).read()
+  console = capfd.readouterr()
+  assert (console.out + console.err).count('step 8/8') == 1
+
+
+def test_a_helper_keeps_its_runs_progress_off_the_console(tmp_path, caplog):
+  import logging
+  from absl import logging as absl_logging
+  caplog.set_level(logging.INFO)
+  for console in (True, False):
+    with study_lib._progress_to(str(tmp_path / f'{console}.txt'), console):
+      # as train.py logs it (the log file keeps our own lines and everyone's warnings)
+      absl_logging.get_absl_logger().handle(logging.LogRecord(
+          'absl', logging.INFO, '/x/jaxdecouple/train.py', 1, 'step %d of a run', (7,), None))
+    assert 'step 7 of a run' in open(tmp_path / f'{console}.txt').read()
+    assert ('step 7 of a run' in caplog.text) == console
+    caplog.clear()
 
 
 def test_jobs_are_pinned_to_disjoint_shares_of_the_cores():
