@@ -4,7 +4,8 @@
   python -m jaxdecouple.study --study=cpu_fmnist --workdir=studies/cpu_fmnist --report   # report only
 
 Each run of a study has its own workdir (WORKDIR/runs/NAME). A run that finished is skipped; an
-interrupted one resumes from its checkpoints; ``--max_runs`` and ``--time_limit_min`` stop starting
+interrupted one resumes from its checkpoints; ``--max_runs``, ``--time_limit_min`` and
+``--finish_by_min`` (no run that would end after it, going by the longest run so far) stop starting
 new runs, so a long study proceeds across machines that stop every few minutes (SIGTERM stops the
 current run cleanly after a checkpoint). Several processes can share one workdir: a process claims a
 run (WORKDIR/runs/NAME/running.json: host and pid) and the others pass over it while that process
@@ -412,11 +413,25 @@ def _progress_to(path: str, console: bool = True):
     handler.close()
 
 
+def whole_run_seconds(study: Study, workdir: str) -> list[float]:
+  """The wall times of the study's finished runs that ran from start to end in one call."""
+  seconds = []
+  for run in study.runs:
+    if is_finished(workdir, run):
+      with open(os.path.join(run_dir(workdir, run), 'finished.json'), encoding='utf-8') as f:
+        seconds += [s] if (s := json.load(f).get('whole_run_seconds')) else []
+  return seconds
+
+
 def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0,
               time_limit_s: float = 0.0, log: Callable[[str], None] = print,
-              keep_checkpoints: bool = False, console: bool = True) -> dict:
+              keep_checkpoints: bool = False, console: bool = True, finish_by_s: float = 0.0) -> dict:
   """Runs the study's unfinished runs in order; returns counts of finished, run and left runs.
 
+  ``time_limit_s``: start no run after that many seconds. ``finish_by_s``: start no run that would not
+  end within that many seconds of the call's start, going by the longest of the study's runs that ran
+  whole (recorded in their finished.json, on whatever machine ran them); with none yet, the first run
+  starts. For machines that stop at a fixed time, where a run cut short loses its checkpoints.
   A finished run's checkpoints are deleted unless ``keep_checkpoints`` (the report needs only its
   metrics; a pipeline method's checkpoint holds the in-flight activations: 200-430 MB for ResNet-20)."""
   from jaxdecouple.train import train_and_evaluate
@@ -426,6 +441,11 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
       continue
     if (max_runs and ran >= max_runs) or (time_limit_s and time.time() - start > time_limit_s):
       break
+    if finish_by_s and (took := whole_run_seconds(study, workdir)):
+      if time.time() - start + max(took) > finish_by_s:
+        log(f'{run.name} not started: a run has taken up to {max(took) / 60:.1f} min and '
+            f'{(finish_by_s - time.time() + start) / 60:.1f} of the {finish_by_s / 60:g} min are left')
+        break
     where = run_dir(workdir, run)
     os.makedirs(where, exist_ok=True)
     holder = claim(where)
@@ -438,6 +458,7 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
       with open(os.path.join(where, 'machines.jsonl'), 'a', encoding='utf-8') as f:
         f.write(json.dumps({'date': datetime.datetime.now().isoformat(timespec='seconds'), **machine()}) + '\n')
       log(f'[{i + 1}/{len(study.runs)}] {run.name} (progress: {os.path.join(where, "log.txt")})')
+      whole, began = not os.path.isdir(os.path.join(where, 'checkpoints')), time.time()
       with _progress_to(os.path.join(where, 'log.txt'), console):
         result = train_and_evaluate(run.config(data_path), where)
       ran += 1
@@ -445,7 +466,8 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
         log(f'{run.name} stopped at step {result.step}; run the same command again to continue')
         break
       with open(os.path.join(where, 'finished.json'), 'w', encoding='utf-8') as f:
-        json.dump({'step': result.step, **(result.last_eval or {})}, f)
+        json.dump({'step': result.step, **(result.last_eval or {}),
+                   **({'whole_run_seconds': round(time.time() - began, 1)} if whole else {})}, f)
       if not keep_checkpoints:
         shutil.rmtree(os.path.join(where, 'checkpoints'), ignore_errors=True)
     finally:
@@ -621,6 +643,10 @@ def main(argv=None) -> int:
   p.add_argument('--max_runs', type=int, default=0, help='start at most this many runs per process (0: all)')
   p.add_argument('--time_limit_min', type=float, default=0.0,
                  help='start no new run after this many minutes (0: no limit)')
+  p.add_argument('--finish_by_min', type=float, default=0.0,
+                 help='start no run that would not end within this many minutes, judged by the longest '
+                      'run of the study that ran whole so far (0: no limit); for machines that stop at a '
+                      'fixed time')
   p.add_argument('--keep_checkpoints', action='store_true',
                  help="keep a finished run's checkpoints (default: deleted; the report needs only metrics)")
   p.add_argument('--jobs', type=int, default=1,
@@ -642,7 +668,7 @@ def main(argv=None) -> int:
   if not args.report:
     helper = [sys.executable, '-m', 'jaxdecouple.study', f'--study={args.study}', f'--workdir={args.workdir}',
               f'--data_path={args.data_path}', f'--max_runs={args.max_runs}',
-              f'--time_limit_min={args.time_limit_min}', '--no_report',
+              f'--time_limit_min={args.time_limit_min}', f'--finish_by_min={args.finish_by_min}', '--no_report',
               *(['--keep_checkpoints'] if args.keep_checkpoints else [])]
     helpers = [subprocess.Popen([*helper, f'--pin={j}/{args.jobs}']) for j in range(1, args.jobs)]
     cpus = os.sched_getaffinity(0) if hasattr(os, 'sched_getaffinity') else None
@@ -657,7 +683,8 @@ def main(argv=None) -> int:
       quiet_library_logs()
     try:
       status = run_study(study, args.workdir, args.data_path, args.max_runs, args.time_limit_min * 60,
-                         keep_checkpoints=args.keep_checkpoints, console=not args.pin)
+                         keep_checkpoints=args.keep_checkpoints, console=not args.pin,
+                         finish_by_s=args.finish_by_min * 60)
     finally:
       if cpus is not None:
         os.sched_setaffinity(0, cpus)  # when called in-process (tests, notebooks)

@@ -126,6 +126,23 @@ def test_cli_rejects_an_unknown_study(capsys):
   assert 'invalid choice' in capsys.readouterr().err
 
 
+def test_no_run_starts_that_would_end_after_finish_by(tmp_path):
+  study = study_lib.STUDIES['tiny']()
+  workdir, said = str(tmp_path / 'study'), []
+  # no run has run whole yet: nothing to judge by, so the first run starts
+  assert study_lib.run_study(study, workdir, max_runs=1, finish_by_s=1e-3, log=said.append)['ran'] == 1
+  took = study_lib.whole_run_seconds(study, workdir)
+  assert len(took) == 1 and took[0] > 0  # recorded in its finished.json
+  assert study_lib.run_study(study, workdir, finish_by_s=took[0] / 2, log=said.append)['ran'] == 0
+  assert f'not started: a run has taken up to {took[0] / 60:.1f} min' in said[-1]
+  # with time enough it starts; a run resumed from a checkpoint did not run whole: its time is not recorded
+  partial = study.runs[1].config()
+  partial.max_steps = 2
+  train_and_evaluate(partial, study_lib.run_dir(workdir, study.runs[1]))
+  assert study_lib.run_study(study, workdir, max_runs=1, finish_by_s=took[0] * 50, log=said.append)['ran'] == 1
+  assert study_lib.is_finished(workdir, study.runs[1]) and study_lib.whole_run_seconds(study, workdir) == took
+
+
 def test_cli_wants_the_data_file_a_study_needs_before_it_starts(tmp_path, capsys):
   workdir = str(tmp_path / 'w')
   with pytest.raises(SystemExit):
