@@ -704,8 +704,10 @@ def main(argv=None) -> int:
     elif helpers:
       pin(0, args.jobs)
     if not args.pin:  # the first process shows its runs' progress on the console as main.py does
-      from absl import logging
+      from absl import flags, logging
       from jaxdecouple.writers import quiet_library_logs
+      if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()  # absl's defaults; else every line is preceded by a warning that they are not
       logging.use_absl_handler()
       quiet_library_logs()
     try:
