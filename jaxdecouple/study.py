@@ -267,7 +267,10 @@ def _cpu_cifar10_why() -> Study:
       'cut FDG\'s gap at K=4 on Fashion-MNIST from +2.27 to +0.62 (cpu_fmnist_why)',
       tuple(runs), needs='--data_path to the CIFAR-10 .npz (the JPEG copy is read as it is)',
       column_order=('BP', 'FDG beta=1'), claims=(
-          Claim("FDG beta=1's gap to BP at K=2 is smaller with warm-up than without", 'FDG beta=1', (warm, row)),))
+          Claim('With the warm-up, FDG beta=1 at K=2 within 0.5 points of BP (the warm-up closes the gap)',
+                'FDG beta=1', (warm,), 0.5),
+          Claim("FDG beta=1's gap to BP at K=2 is smaller with warm-up than without (by any amount)", 'FDG beta=1',
+                (warm, row))))
 
 
 def _gpu_cifar10() -> Study:
