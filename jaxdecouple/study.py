@@ -706,13 +706,6 @@ def main(argv=None) -> int:
       pin(*map(int, args.pin.split('/')))
     elif helpers:
       pin(0, args.jobs)
-    if not args.pin:  # the first process shows its runs' progress on the console as main.py does
-      from absl import flags, logging
-      from jaxdecouple.writers import quiet_library_logs
-      if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()  # absl's defaults; else every line is preceded by a warning that they are not
-      logging.use_absl_handler()
-      quiet_library_logs()
     try:
       status = run_study(study, args.workdir, args.data_path, args.max_runs, args.time_limit_min * 60,
                          keep_checkpoints=args.keep_checkpoints, console=not args.pin,
@@ -733,5 +726,17 @@ def main(argv=None) -> int:
   return 0
 
 
+def _console_logging() -> None:
+  """Progress lines on the console in absl's format, as main.py shows them (a --jobs helper's runs keep
+  theirs off it: see run_study's ``console``)."""
+  from absl import flags, logging
+  from jaxdecouple.writers import quiet_library_logs
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()  # absl's defaults; else every line is preceded by a warning that they are not
+  logging.use_absl_handler()
+  quiet_library_logs()
+
+
 if __name__ == '__main__':
+  _console_logging()
   sys.exit(main())

@@ -186,18 +186,15 @@ def test_a_run_claimed_by_a_live_process_is_passed_over(tmp_path):
     assert json.load(f)['pid'] == os.getpid()
 
 
-def test_jobs_run_different_runs_at_once(tmp_path, capfd):
+def test_jobs_run_different_runs_at_once(tmp_path):
   workdir, results = str(tmp_path / 'study'), str(tmp_path / 'RESULTS.md')
   assert study_lib.main(['--study=tiny', f'--workdir={workdir}', '--jobs=2', '--max_runs=1',
                          f'--results={results}', f'--figures={tmp_path / "figures"}']) == 0
   study = study_lib.STUDIES['tiny']()
   assert [study_lib.is_finished(workdir, r) for r in study.runs] == [True, True, False, False]
   assert 'Finished runs: 2 of 4' in open(results).read()
-  # Both runs' progress is in their log.txt; the console shows the first process's alone, not interleaved.
-  for run in study.runs[:2]:
+  for run in study.runs[:2]:  # the helper's run too: its progress is in its log.txt (not on the console)
     assert 'step 8/8' in open(os.path.join(study_lib.run_dir(workdir, run), 'log.txt')).read()
-  console = capfd.readouterr()
-  assert (console.out + console.err).count('step 8/8') == 1
 
 
 def test_a_helper_keeps_its_runs_progress_off_the_console(tmp_path, caplog):
