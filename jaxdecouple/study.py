@@ -223,6 +223,9 @@ def _cifar10(method: str, epochs: int = 30, k: int = 2, beta: float = 1.0, warmu
   return build
 
 
+_CIFAR10_FILE = '--data_path to the CIFAR-10 .npz (the JPEG copy is read as it is)'
+
+
 def _cpu_cifar10() -> Study:
   """The FDG paper's ResNet-20 row (K = 2) on the CIFAR-10 JPEG copy, in a schedule 2 CPU cores can run."""
   row = 'ResNet-20, K=2'
@@ -236,9 +239,10 @@ def _cpu_cifar10() -> Study:
       "original PNGs, so absolute errors are not the paper's data",
       "The FDG paper's recipe (SGD lr 0.1, momentum 0.9, weight decay 5e-4, batch 128, random crop with "
       '4-pixel padding and flip, no warm-up at K=2) cut to 3 epochs with lr / 10 for the last, which is what 2 '
-      "CPU cores run in about an hour and a half; ResNet-20 cut in 2 stages by the balanced split (the SPEC gives "
-      "no reference split of ResNet-20). Beta 0.2 is the paper's best for this row. The paper's numbers are for 300 epochs: compare gaps, not errors",
-      runs, paper, needs='--data_path to the CIFAR-10 .npz (the JPEG copy is read as it is)', claims=(
+      "CPU cores run in about an hour and a half; ResNet-20 cut in 2 stages by the balanced split (the SPEC "
+      "gives no reference split of ResNet-20). Beta 0.2 is the paper's best for this row. The paper's numbers "
+      'are for 300 epochs: compare gaps, not errors',
+      runs, paper, needs=_CIFAR10_FILE, claims=(
           Claim('FDG beta=1 at K=2 within 0.3 points of BP (the paper, ResNet-20: +0.14)', 'FDG beta=1', (row,), 0.3),
           Claim('FDG beta=0.2 at K=2 within 0.3 points of BP (the paper, ResNet-20: -0.55)', 'FDG beta=0.2',
                 (row,), 0.3)))
@@ -265,7 +269,7 @@ def _cpu_cifar10_why() -> Study:
       "cpu_cifar10's recipe and workdir (its BP and FDG beta=1 runs are shown again, not rerun); the warm-up "
       'row adds a linear warm-up from 0.01 x lr to lr over the first half epoch to BP and FDG alike, which '
       'cut FDG\'s gap at K=4 on Fashion-MNIST from +2.27 to +0.62 (cpu_fmnist_why)',
-      tuple(runs), needs='--data_path to the CIFAR-10 .npz (the JPEG copy is read as it is)',
+      tuple(runs), needs=_CIFAR10_FILE,
       column_order=('BP', 'FDG beta=1'), claims=(
           Claim('With the warm-up, FDG beta=1 at K=2 within 0.5 points of BP (the warm-up closes the gap)',
                 'FDG beta=1', (warm,), 0.5),
