@@ -2,7 +2,8 @@
 
 Names: ``resnet{6n+2}`` (CIFAR ResNet-20/32/44/56/110, and resnet8 for quick runs), ``resnet18``,
 ``wrn{6n+4}_{k}`` (wrn28_10), ``preact101`` (ResIST's [3, 4, 23, 3]), ``preact_s3_{n}`` (its deeper or
-shallower variants [3, 4, n, 3]) and ``preact_tiny`` ([1, 1, 6, 1], 8..64 channels, for tests and CPU studies).
+shallower variants [3, 4, n, 3]), ``preact_tiny`` ([1, 1, 6, 1], 8..64 channels, for tests and CPU studies) and
+``preact_tiny_s3_{n}`` ([1, 1, n, 1], 8..64 channels: n - 1 partitioned blocks for ResIST on a CPU).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from jaxdecouple.models.core import Chain, Model, count_params, merge, subset
 from jaxdecouple.models.resnet import AuxHead, adaptive_avg_pool, cifar_resnet, preact_resnet, resnet18, wide_resnet
 
 MODEL_HELP = ('resnet{6n+2} (e.g. resnet20, resnet56, resnet110), resnet18, wrn{6n+4}_{k} (e.g. wrn28_10), '
-              'preact101, preact_s3_{n}, preact_tiny')
+              'preact101, preact_s3_{n}, preact_tiny, preact_tiny_s3_{n}')
 
 
 def build_model(name: str, num_classes: int) -> Model:
@@ -34,6 +35,9 @@ def build_model(name: str, num_classes: int) -> Model:
       return preact_resnet([3, 4, int(m.group(1)), 3], num_classes, name=name)
   if name == 'preact_tiny':
     return preact_resnet([1, 1, 6, 1], num_classes, widths=(8, 16, 32, 64), name=name)
+  if m := re.fullmatch(r'preact_tiny_s3_(\d+)', name):
+    if int(m.group(1)) >= 2:
+      return preact_resnet([1, 1, int(m.group(1)), 1], num_classes, widths=(8, 16, 32, 64), name=name)
   raise ValueError(f'unknown model {name!r}; allowed: {MODEL_HELP}')
 
 
