@@ -64,7 +64,9 @@ class Evaluator:
 
   ``predict(variables, images) -> logits`` is the method's (Method.predict_fn). The last, partial
   batch is padded to the batch size (one compiled shape) unless ``exact_batches``: predictions that
-  use the batch's own BatchNorm statistics would change with padding, so it then runs at its size.
+  use the batch's own BatchNorm statistics would change with padding, so it then runs at its size,
+  and the examples go in a fixed shuffled order, because test sets stored by class (the CIFAR-10 JPEG
+  copy) would otherwise give batches of one class, whose statistics are not the data's.
   """
 
   def __init__(self, predict, preprocess: Preprocess, batch_size: int, device: jax.Device,
@@ -84,6 +86,9 @@ class Evaluator:
 
   def __call__(self, variables, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
     variables = jax.device_put(variables, self.device)
+    if self.exact_batches:
+      order = np.random.default_rng(0).permutation(len(x))
+      x, y = x[order], y[order]
     total_loss, total_correct, b = 0.0, 0.0, self.batch_size
     parts = []
     for start in range(0, len(x), b):

@@ -199,3 +199,20 @@ def test_peak_memory_is_reported_where_the_backend_has_it():
       return self._stats
   out = peak_memory([Device(0, {'peak_bytes_in_use': 3 * 2**30}), Device(1, None)] + jax.devices()[:1])
   assert out == {'peak_memory_gb_gpu0': 3.0}  # no stats (None, or the CPU): nothing reported
+
+
+def test_batch_statistics_evaluation_mixes_classes_in_every_batch():
+  """A predictor that centres each batch, as BatchNorm with batch statistics does, is right only when a
+  batch mixes the classes: on a test set stored by class (the CIFAR-10 JPEG copy) it must still be."""
+  import numpy as np
+  from jaxdecouple.train import Evaluator
+  x = np.repeat(np.array([50, 200], np.uint8), 500).reshape(1000, 1, 1, 1)  # class 0, then class 1
+  y = np.repeat(np.array([0, 1], np.int32), 500)
+
+  def predict(_, images):
+    centred = (images - images.mean()).reshape(len(images), 1)
+    return jnp.concatenate([-centred, centred], axis=1)
+  pre = Preprocess((0.0,), (1.0,), 0, False, False)
+  assert Evaluator(predict, pre, 100, jax.devices()[0], exact_batches=True)({}, x, y)['test_accuracy'] > 0.95
+  # What it measured before: every batch of one class, centred to zero, predicted as class 0.
+  assert Evaluator(predict, pre, 100, jax.devices()[0])({}, x, y)['test_accuracy'] == 0.5
