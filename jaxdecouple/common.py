@@ -33,12 +33,7 @@ def classification_loss(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array
 
 
 def use_split_backward(config) -> bool:
-  """Whether to compile a training step's forward and backward as two calls.
-
-  XLA:CPU runs a whole-network value-and-grad about 2x slower than the same forward (keeping the
-  vjp residuals) and backward compiled separately (ResNet-56, batch 128: 2.55 s against 1.18 s on
-  2 cores); on GPUs one fused call is the better default.
-  """
+  """Whether to compile a training step's forward and backward as two calls (see ``vjp_call``)."""
   if config.split_backward == 'auto':
     return jax.default_backend() == 'cpu'
   return config.split_backward == 'on'
@@ -60,3 +55,37 @@ class VjpStash:
 
   def unflatten(self, leaves):
     return jax.tree.unflatten(self.treedef, leaves)
+
+
+def vjp_call(make: Callable, use: Callable, split: bool, donate: Sequence[int] = (),
+             static: Sequence[int] = ()) -> Callable:
+  """``use(*make(*args), *args)``, compiled as one call or, with ``split``, as two.
+
+  ``make(*args) -> (vjp_fn, aux)`` runs a forward and returns its vjp; ``use(vjp_fn, aux, *args)``
+  applies a cotangent and does the rest (an update). XLA:CPU runs a forward and backward compiled
+  together about 2x slower than the same two compiled apart (ResNet-56, batch 128, 2 cores: 2.55 s
+  against 1.18 s; docs/PERFORMANCE.md), so on the CPU ``split`` compiles ``make`` alone, returning its
+  vjp's residuals as arrays, and ``use`` alone; elsewhere one call is better. ``donate`` and ``static``
+  are positions in ``args`` (donated to the call that uses them last). The result's ``calls`` is 1 or 2.
+  """
+  if not split:
+    fused = jax.jit(lambda *args: use(*make(*args), *args), donate_argnums=tuple(donate),
+                    static_argnums=tuple(static))
+    call = lambda *args: fused(*args)
+    call.calls = 1
+    return call
+  stash = VjpStash()
+
+  def forward(*args):
+    vjp_fn, aux = make(*args)
+    return stash.flatten(vjp_fn), aux
+
+  def backward(residuals, aux, *args):
+    return use(stash.unflatten(residuals), aux, *args)
+
+  forward = jax.jit(forward, static_argnums=tuple(static))
+  backward = jax.jit(backward, donate_argnums=tuple(d + 2 for d in donate),
+                     static_argnums=tuple(s + 2 for s in static))
+  call = lambda *args: backward(*forward(*args), *args)
+  call.calls = 2
+  return call

@@ -8,7 +8,7 @@ the pre-update parameters. M = 1 in mode B is FDG.
 """
 from jaxdecouple.config import fail
 from jaxdecouple.methods.pipelined import PipelineMethod
-from jaxdecouple.pipeline import PipelineSpec
+from jaxdecouple.pipeline import Schedule
 
 
 class ADL(PipelineMethod):
@@ -25,8 +25,6 @@ class ADL(PipelineMethod):
       fail('pipeline.adl_mode', f"{p.adl_mode!r} is not allowed; choose A (forward before the update) "
            "or B (update, then forward)")
 
-  def spec(self, num_stages: int) -> PipelineSpec:
+  def schedule(self, num_stages: int) -> Schedule:
     p = self.setup.config.pipeline
-    delays = tuple(2 * (num_stages - 1 - k) for k in range(num_stages))
-    return PipelineSpec(num_stages, delays, keep=p.keep, beta=p.beta, accumulation=p.accumulation,
-                        forward_first=p.adl_mode == 'A')
+    return Schedule(num_stages, accumulation=p.accumulation, forward_first=p.adl_mode == 'A')

@@ -5,13 +5,11 @@ parameters each stage has before this iteration's update. The backward is decoup
 back-propagates, through the forward it kept, a gradient K-1-k iterations old, then updates.
 """
 from jaxdecouple.methods.pipelined import PipelineMethod
-from jaxdecouple.pipeline import PipelineSpec
+from jaxdecouple.pipeline import Schedule
 
 
 class DDG(PipelineMethod):
   name = 'ddg'
 
-  def spec(self, num_stages: int) -> PipelineSpec:
-    p = self.setup.config.pipeline
-    delays = tuple(num_stages - 1 - k for k in range(num_stages))
-    return PipelineSpec(num_stages, delays, keep=p.keep, beta=p.beta, forward_locked=True)
+  def schedule(self, num_stages: int) -> Schedule:
+    return Schedule(num_stages, forward_locked=True)

@@ -8,7 +8,7 @@ evaluation runs the real network with its real head.
 """
 from jaxdecouple.config import fail
 from jaxdecouple.methods.pipelined import PipelineMethod
-from jaxdecouple.pipeline import PipelineSpec
+from jaxdecouple.pipeline import Schedule
 
 
 class DGL(PipelineMethod):
@@ -21,5 +21,5 @@ class DGL(PipelineMethod):
       fail('pipeline.beta', f'DGL sends no gradient between stages, so beta has nothing to shrink; '
            f'leave it at 1.0 (got {config.pipeline.beta})')
 
-  def spec(self, num_stages: int) -> PipelineSpec:
-    return PipelineSpec(num_stages, (0,) * num_stages, local_heads=True)
+  def schedule(self, num_stages: int) -> Schedule:
+    return Schedule(num_stages, local_heads=True)

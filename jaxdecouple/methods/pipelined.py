@@ -1,25 +1,25 @@
-"""Shared plumbing of the pipeline methods: split and placement from the config, then the engine."""
+"""Shared plumbing of the pipeline methods: the schedule, split and placement from the config, then the engine."""
 from __future__ import annotations
-
-import abc
 
 import jax
 
+from jaxdecouple.common import use_split_backward
 from jaxdecouple.config import fail
-from jaxdecouple.data import Batch
+from jaxdecouple.data import Batch, train_inputs
 from jaxdecouple.methods.base import Method, Setup
 from jaxdecouple.models import build_model
-from jaxdecouple.pipeline import Pipeline, PipelineSpec, choose_split
+from jaxdecouple.pipeline import Pipeline, Schedule, choose_split
 
 
 class PipelineMethod(Method):
-  """A method that is one configuration of the pipeline engine; subclasses give ``spec``."""
+  """A method that is one configuration of the pipeline engine: its schedule and what a stage keeps."""
   allowed_keeps: tuple[str, ...] = ('vjp', 'recompute')  # what pipeline.keep may say
+  keep: str | None = None  # what a stage keeps of a forward, when the method fixes it (else pipeline.keep)
   accumulates = False  # whether pipeline.accumulation and pipeline.adl_mode mean anything here
 
-  @abc.abstractmethod
-  def spec(self, num_stages: int) -> PipelineSpec:
-    """The method's knobs: per-stage delays, what a stage keeps, beta."""
+  def schedule(self, num_stages: int) -> Schedule:
+    """How data and gradients flow (jaxdecouple/pipeline/schedule.py); FDG's by default."""
+    return Schedule(num_stages)
 
   @classmethod
   def validate(cls, config) -> None:
@@ -58,7 +58,11 @@ class PipelineMethod(Method):
       split = choose_split(self.setup.model, p.num_stages, self.setup.config.pipeline.split, example.images.shape[1:])
     except ValueError as e:
       fail('pipeline.split', str(e))
-    return Pipeline(self.setup, self.spec(p.num_stages), split, self._devices)
+    s = self.setup
+    return Pipeline(s.model, split, self.schedule(p.num_stages), self._devices, keep=self.keep or p.keep,
+                    beta=p.beta, optimizer=s.optimizer, lr=s.schedule,
+                    inputs=lambda images, step: train_inputs(images, step, s.config.seed, s.preprocess),
+                    split_backward=use_split_backward(s.config))
 
   def init(self, rng: jax.Array, example: Batch):
     self.pipeline = self._build(example)
