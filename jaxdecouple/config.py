@@ -69,6 +69,8 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.pipeline.num_devices = 0   # 0: one device per stage (as many as present); stages then share
   c.pipeline.accumulation = 1  # adl: M delayed backwards summed into one update
   c.pipeline.adl_mode = 'B'    # adl: B = update, then forward; A = forward with pre-update parameters
+  c.pipeline.diagnose_every_steps = 0  # > 0: every N steps, each stage's applied gradient against BP's
+                                       # (cosine, norm ratio) as kind "diagnose" lines; 0: off
 
   c.replica = ml_collections.ConfigDict()  # width-wise methods (resist, localsgd, ensemble)
   c.replica.num_workers = 4    # S; batch_size is per worker, each worker shuffles the data on its own
@@ -186,6 +188,10 @@ def validate(config) -> None:
   milestones = list(config.optim.milestones)
   if any(m < 0 for m in milestones) or milestones != sorted(milestones):
     fail('optim.milestones', f'must be non-negative epochs in increasing order, got {milestones}')
+  _positive(config, 'pipeline.diagnose_every_steps', allow_zero=True)
+  if config.pipeline.diagnose_every_steps and config.method not in ('fdg', 'adl', 'ddg', 'fr', 'dgl'):
+    fail('pipeline.diagnose_every_steps', f'compares a pipeline stage\'s gradient with back-propagation\'s; '
+         f'{config.method} has no stages (use fdg, adl, ddg, fr or dgl, or leave it at 0)')
   if config.data.source == 'npz' and not config.data.path:
     fail('data.path', "is required when data.source='npz' (a .npz with x_train, y_train, x_test, y_test)")
   d = config.distributed

@@ -3,6 +3,8 @@
     from jaxdecouple.plots import plot_curves
     fig = plot_curves({'BP': 'workdirs/bp', 'FDG K=2': 'workdirs/fdg'}, path='curves.png')
 
+    plot_diagnostics('workdirs/fdg', path='staleness.png')  # pipeline.diagnose_every_steps lines
+
 Used by the quickstart notebook and by the reproduction report.
 """
 from __future__ import annotations
@@ -70,6 +72,62 @@ def run_label(workdir: str) -> str:
   return label
 
 
+def diagnostics(workdir: str) -> dict[int, dict[str, list[float]]]:
+  """A run's ``kind: "diagnose"`` lines per stage: {k: {'epoch', 'cosine', 'norm_ratio'}} (last record of a
+  step wins, as for resumed runs)."""
+  records = {r['step']: r for r in read_metrics(workdir) if r['kind'] == 'diagnose'}
+  out: dict[int, dict[str, list[float]]] = {}
+  for step in sorted(records):
+    r = records[step]
+    for key, value in r.items():
+      if key.startswith('stage') and key.endswith('_cosine'):
+        k = int(key[len('stage'):-len('_cosine')])
+        d = out.setdefault(k, {'epoch': [], 'cosine': [], 'norm_ratio': []})
+        d['epoch'].append(r.get('epoch', step))
+        d['cosine'].append(value)
+        d['norm_ratio'].append(r.get(f'stage{k}_norm_ratio', math.nan))
+  return out
+
+
+def _figure_backend(path):
+  import matplotlib
+  if path is not None and matplotlib.get_backend().lower() not in ('agg', 'module://matplotlib_inline.backend_inline'):
+    matplotlib.use('Agg')  # files only: no display needed
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def _save(fig, path):
+  if path is not None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches='tight', metadata={'Software': None})
+  return fig
+
+
+def plot_diagnostics(runs: str | Mapping[str, str], path: str | None = None, title: str | None = None):
+  """Draws, per stage over training, the cosine similarity and the norm ratio between the gradient each
+  stage applied and back-propagation's (``pipeline.diagnose_every_steps``). ``runs``: a workdir, or
+  {label: workdir} to draw several runs (line style per run, colour per stage)."""
+  plt = _figure_backend(path)
+  runs = {'': runs} if isinstance(runs, str) else runs
+  fig, (ax_cos, ax_ratio) = plt.subplots(1, 2, figsize=(10, 3.8))
+  styles = ['-', '--', ':', '-.']
+  for i, (label, workdir) in enumerate(runs.items()):
+    for k, d in sorted(diagnostics(workdir).items()):
+      name = f'{label} stage {k}'.strip()
+      ax_cos.plot(d['epoch'], d['cosine'], styles[i % 4], color=f'C{k}', label=name)
+      ax_ratio.plot(d['epoch'], d['norm_ratio'], styles[i % 4], color=f'C{k}', label=name)
+  ax_cos.set(xlabel='epoch', ylabel='cosine to BP gradient')
+  ax_ratio.set(xlabel='epoch', ylabel='norm ratio to BP gradient')
+  for ax in (ax_cos, ax_ratio):
+    ax.grid(alpha=0.3)
+  fig.legend(*ax_cos.get_legend_handles_labels(), loc='center left', bbox_to_anchor=(1.0, 0.5))
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  return _save(fig, path)
+
+
 def plot_curves(runs: Sequence[str] | Mapping[str, str | Sequence[str]], path: str | None = None,
                 title: str | None = None):
   """Draws test error (%) and training loss per epoch for one or several workdirs.
@@ -78,10 +136,7 @@ def plot_curves(runs: Sequence[str] | Mapping[str, str | Sequence[str]], path: s
   dict's value may be a list of workdirs (one setting, several seeds): drawn as their median with
   their range as a band (``median_curves``). Saves a PNG when ``path`` is given; returns the matplotlib Figure (shown inline in notebooks).
   """
-  import matplotlib
-  if path is not None and matplotlib.get_backend().lower() not in ('agg', 'module://matplotlib_inline.backend_inline'):
-    matplotlib.use('Agg')  # files only: no display needed
-  import matplotlib.pyplot as plt
+  plt = _figure_backend(path)
   import matplotlib.ticker
 
   if not isinstance(runs, Mapping):
@@ -107,7 +162,4 @@ def plot_curves(runs: Sequence[str] | Mapping[str, str | Sequence[str]], path: s
   if title:
     fig.suptitle(title)
   fig.tight_layout()
-  if path is not None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches='tight')
-  return fig
+  return _save(fig, path)

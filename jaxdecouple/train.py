@@ -255,10 +255,20 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
       writer.write('profile', step, **profile)
       logging.info('profile at step %d: %s', step, ', '.join(f'{k} {v}' for k, v in profile.items()))
 
+  diagnose_every = config.pipeline.diagnose_every_steps
+  batch_of = lambda m: method.train_batch(dataset.x_train, dataset.y_train, order, m)
+
   try:
     with _StopSignal() as stop:
       for step in range(start, total_steps):
         batch = method.train_batch(dataset.x_train, dataset.y_train, order, step)
+        if diagnose_every and step > start and step % diagnose_every == 0:
+          t = time.perf_counter()
+          figures = method.diagnose(state, batch_of, step)
+          writer.write('diagnose', step, epoch=round(step / spe, 4), **figures)
+          logging.info('diagnose at step %d: %s', step, ', '.join(f'{k} {v}' for k, v in figures.items()))
+          paused = time.perf_counter() - t  # not training time
+          interval_start, epoch_start = interval_start + paused, epoch_start + paused
         if config.profile_every_steps and (step + 1) % config.profile_every_steps == 0:
           state, metrics, profile = method.profiled_step(state, batch, step)
           log_profile(step + 1, profile)

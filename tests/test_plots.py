@@ -73,3 +73,19 @@ def test_seeds_of_one_setting_are_drawn_as_their_median_with_their_range(tmp_pat
   fig = plot_curves({'BP (median of 3 seeds)': runs, 'one seed': [runs[0]], 'a workdir': runs[1]})
   assert [line.get_label() for line in fig.axes[0].lines] == ['BP (median of 3 seeds)', 'one seed', 'a workdir']
   assert len(fig.axes[0].collections) == len(fig.axes[1].collections) == 1  # one band: the 3 seeds' range
+
+
+def test_diagnostics_per_stage_and_their_plot(tmp_path):
+  from jaxdecouple.plots import diagnostics, plot_diagnostics
+  wd = str(tmp_path / 'fdg')
+  fake_run(wd, [{'kind': 'diagnose', 'step': 4, 'epoch': 0.5, 'stage0_cosine': 0.9, 'stage0_norm_ratio': 0.8,
+                 'stage1_cosine': 1.0, 'stage1_norm_ratio': 1.0},
+                {'kind': 'diagnose', 'step': 8, 'epoch': 1.0, 'stage0_cosine': 0.7, 'stage0_norm_ratio': 0.6,
+                 'stage1_cosine': 0.95, 'stage1_norm_ratio': 0.9}], {'method': 'fdg'})
+  d = diagnostics(wd)
+  assert d[0] == {'epoch': [0.5, 1.0], 'cosine': [0.9, 0.7], 'norm_ratio': [0.8, 0.6]}
+  assert d[1]['cosine'] == [1.0, 0.95]
+  png = str(tmp_path / 'staleness.png')
+  fig = plot_diagnostics({'FDG': wd}, path=png)
+  assert os.path.getsize(png) > 1000
+  assert [line.get_label() for line in fig.axes[0].get_lines()] == ['FDG stage 0', 'FDG stage 1']

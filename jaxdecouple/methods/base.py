@@ -58,6 +58,12 @@ class Method(abc.ABC):
     state, metrics = self.step(state, batch, step)
     return state, metrics, {}
 
+  def diagnose(self, state: Any, batch_of, step: int) -> dict[str, float]:
+    """Called before ``step`` every ``pipeline.diagnose_every_steps`` steps; ``batch_of(m)`` is the host
+    batch of step m. Returns figures for a ``kind: "diagnose"`` line (pipeline methods: each stage's
+    gradient against back-propagation's). Default: none."""
+    return {}
+
   def describe(self, state: Any) -> list[str]:
     """Lines logged once at start (split, devices, delays, parameter counts...)."""
     return []

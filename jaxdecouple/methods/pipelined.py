@@ -78,6 +78,9 @@ class PipelineMethod(Method):
                     for k, b in enumerate(self.pipeline.message_bytes)})
     return state, metrics, profile
 
+  def diagnose(self, state, batch_of, step: int):
+    return self.pipeline.diagnose(state, batch_of, step)
+
   def eval_variables(self, state):
     return self.pipeline.eval_variables(state)
 
