@@ -19,6 +19,8 @@ def get_default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.method = 'bp'              # see jaxdecouple.methods.METHODS
   c.model = 'resnet56'         # see jaxdecouple.models.MODEL_HELP
+  c.scan_blocks = 0            # runs of at least N identical blocks run as one scanned loop (0: never);
+                               # ResNet-1202 compiles in seconds instead of minutes (docs/PERFORMANCE.md)
   c.dataset = 'cifar10'        # cifar10, cifar100, fashion_mnist
   c.seed = 0
   c.batch_size = 128
@@ -172,7 +174,7 @@ def validate(config) -> None:
                 'keep_checkpoints', 'optim.learning_rate', 'data.synthetic_train_size',
                 'data.synthetic_test_size'):
     _positive(config, field)
-  for field in ('max_steps', 'checkpoint_every_steps', 'profile_every_steps', 'cpu_devices', 'seed', 'optim.weight_decay',
+  for field in ('max_steps', 'scan_blocks', 'checkpoint_every_steps', 'profile_every_steps', 'cpu_devices', 'seed', 'optim.weight_decay',
                 'optim.warmup_epochs', 'data.crop_padding'):
     _positive(config, field, allow_zero=True)
   if not 0 <= config.optim.momentum < 1:

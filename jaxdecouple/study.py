@@ -322,6 +322,8 @@ def _cpu_cifar10_converged() -> Study:
       if warmup:  # the paper's 3 of 300 epochs at lr 0.01, scaled to the schedule's length
         c.optim.warmup_epochs = 3.0 * epochs / 300
       c.log_every_steps, c.checkpoint_every_steps = 100, 1000
+      if method != 'bp':  # each stage's gradient against BP's, twice an epoch (the report draws them)
+        c.pipeline.diagnose_every_steps = 195
       return c
     return b
   runs = []

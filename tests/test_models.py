@@ -70,3 +70,35 @@ def test_train_mode_updates_running_statistics_with_torch_momentum():
                                       dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
   np.testing.assert_allclose(stats['stem']['BatchNorm_0']['mean'], 0.1 * conv.mean((0, 1, 2)),
                              rtol=1e-4, atol=1e-5)
+
+
+def test_scanned_runs_give_the_unrolled_numbers():
+  """scan_min=2: ResNet-20's three runs of identical blocks (s1b0..s1b2; s2b1..s2b2 and s3b1..s3b2, after each
+  section's shape-changing first block) are stacked and scanned; initialisation, training forward and the
+  statistics it moves equal the unrolled model's, and relayout moves variables between the layouts."""
+  from jaxdecouple.models import relayout
+  plain, scanned = build_model('resnet20', 10), build_model('resnet20', 10, scan_min=2)
+  shape = (1, 32, 32, 3)
+  assert scanned.chain.runs(shape) == ((1, 4), (5, 7), (8, 10))
+  assert build_model('resnet20', 10, scan_min=4).chain.runs(shape) == ()  # runs shorter than 4 stay unrolled
+  assert build_model('resnet1202', 10, scan_min=16).chain.runs(shape) == ((1, 201), (202, 401), (402, 601))
+  v_plain = plain.init(jax.random.key(3), jnp.zeros(shape))
+  v_scan = scanned.init(jax.random.key(3), jnp.zeros(shape))
+  assert sorted(v_scan['params']) == ['head', 's1b0..s1b2', 's2b0', 's2b1..s2b2', 's3b0', 's3b1..s3b2', 'stem']
+  assert v_scan['params']['s1b0..s1b2']['Conv_0']['kernel'].shape == (3, 3, 3, 16, 16)
+  assert_trees_equal(relayout([v_scan], plain.chain, shape), v_plain)
+  assert_trees_equal(relayout([v_plain], scanned.chain, shape), v_scan)
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(8, 32, 32, 3)), jnp.float32)
+  run = lambda m, v, x: jax.jit(lambda v, x: m.chain.apply(v, x, train=True))(v, x)
+  (y_plain, s_plain), (y_scan, s_scan) = run(plain, v_plain, x), run(scanned, v_scan, x)
+  np.testing.assert_allclose(y_scan, y_plain, rtol=1e-5, atol=1e-5)
+  assert_trees_equal(relayout([{'batch_stats': s_scan}], plain.chain, shape), {'batch_stats': s_plain},
+                     rtol=1e-5, atol=1e-6)
+  # A cut inside a run: each stage gets its part of the stack; the stages compose to the whole model.
+  first, second = scanned.cut([2])  # stem, s1b0 | s1b1..s3b2, head
+  p1 = relayout([v_scan], first, shape)
+  y1, _ = first.apply(p1, x, train=True)
+  p2 = relayout([v_scan], second, (1, *y1.shape[1:]))
+  assert sorted(p2['params'])[:2] == ['head', 's1b1..s1b2']
+  np.testing.assert_allclose(second.apply(p2, y1, train=True)[0], y_scan, rtol=1e-5, atol=1e-5)
+  assert_trees_equal(relayout([p1, p2], scanned.chain, shape), v_scan)

@@ -18,6 +18,7 @@ from jaxdecouple.data import Batch
 
 class Method(abc.ABC):
   name: ClassVar[str]
+  scans_blocks: ClassVar[bool] = True  # whether config.scan_blocks applies (the replica engine unrolls)
 
   def __init__(self, setup: Setup):
     self.setup = setup

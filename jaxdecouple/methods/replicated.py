@@ -23,6 +23,7 @@ from jaxdecouple.replica import Replica, ReplicaSpec, ReplicaState, masked_apply
 
 class ReplicaMethod(Method):
   """Shared plumbing: config checks, the engine, evaluation and the start-up description."""
+  scans_blocks = False  # workers gather and skip blocks one by one
   partition = True
   average = True
   redraw = True

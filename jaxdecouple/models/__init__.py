@@ -9,15 +9,23 @@ from __future__ import annotations
 
 import re
 
-from jaxdecouple.models.core import Chain, Model, count_params, merge, subset
+import dataclasses
+
+from jaxdecouple.models.core import Chain, Model, count_params, merge, relayout, subset
 from jaxdecouple.models.resnet import AuxHead, adaptive_avg_pool, cifar_resnet, preact_resnet, resnet18, wide_resnet
 
 MODEL_HELP = ('resnet{6n+2} (e.g. resnet20, resnet56, resnet110), resnet18, wrn{6n+4}_{k} (e.g. wrn28_10), '
               'preact101, preact_s3_{n}, preact_tiny, preact_tiny_s3_{n}')
 
 
-def build_model(name: str, num_classes: int) -> Model:
-  """Builds a registered model; raises ValueError naming the allowed names."""
+def build_model(name: str, num_classes: int, scan_min: int = 0) -> Model:
+  """Builds a registered model; raises ValueError naming the allowed names. ``scan_min`` > 0: runs of at
+  least that many identical blocks run as one scanned loop (see models/core.py)."""
+  model = _build(name, num_classes)
+  return dataclasses.replace(model, chain=dataclasses.replace(model.chain, scan_min=scan_min)) if scan_min else model
+
+
+def _build(name: str, num_classes: int) -> Model:
   if m := re.fullmatch(r'resnet(\d+)', name):
     depth = int(m.group(1))
     if depth == 18:
@@ -49,5 +57,5 @@ def is_valid_model_name(name: str) -> bool:
   return True
 
 
-__all__ = ['AuxHead', 'Chain', 'Model', 'adaptive_avg_pool', 'build_model', 'count_params', 'merge', 'subset', 'MODEL_HELP',
+__all__ = ['AuxHead', 'Chain', 'Model', 'adaptive_avg_pool', 'build_model', 'count_params', 'merge', 'relayout', 'subset', 'MODEL_HELP',
            'is_valid_model_name']

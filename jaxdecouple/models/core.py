@@ -4,6 +4,13 @@ Each block is its own Flax Linen module with its own variables, stored under the
 ``{'params': {name: ...}, 'batch_stats': {name: ...}}``. A stage is a contiguous slice of the chain,
 so the variables of the whole model are exactly the union of its stages' variables and running the
 stages one after another is exactly running the whole model.
+
+Very deep networks (ResNet-1202: 600 blocks) would take minutes to compile with every block unrolled.
+A chain built with ``scan_min=n`` runs each run of at least n identical, shape-keeping consecutive
+blocks as one ``jax.lax.scan`` over their stacked variables, stored under ``'first..last'`` (e.g.
+``'s1b0..s1b199'``) with a leading axis of one entry per block. The layout follows the variables:
+``apply`` scans what is stacked and unrolls the rest, and ``relayout`` moves variables between layouts
+(a stage cut inside a run gets its part of the stack), so cuts and splits work as before.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ class Chain:
   """An ordered tuple of named blocks; ``Chain.apply`` runs them in order."""
   names: tuple[str, ...]
   modules: tuple[nn.Module, ...]
+  scan_min: int = 0  # runs of at least this many identical blocks are scanned (0: never)
 
   def __post_init__(self):
     if len(self.names) != len(self.modules) or not self.names:
@@ -36,31 +44,126 @@ class Chain:
 
   def init(self, rng: jax.Array, x: jax.Array) -> Variables:
     """Initialises every block on the output shape of the previous one (block i from
-    fold_in(rng, i)), all in one compiled call: eager initialisation dispatches hundreds of small
-    computations and took seconds even for tiny models."""
+    fold_in(rng, i); a scanned run's blocks in one vmapped call, with the same values), all in one
+    compiled call: eager initialisation dispatches hundreds of small computations and took seconds
+    even for tiny models."""
     return _init_chain(self, rng, jax.ShapeDtypeStruct(x.shape, x.dtype))
+
+  def runs(self, x_shape: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """The [start, stop) block ranges this chain scans on inputs of shape ``x_shape``: maximal runs of
+    equal modules that keep their input's shape, at least ``scan_min`` long."""
+    return _runs(self, tuple(x_shape))
 
   def apply(self, variables: Mapping[str, Mapping[str, Any]], x: jax.Array,
             train: bool) -> tuple[jax.Array, dict[str, Any]]:
-    """Runs the blocks in order. Returns the output and the new batch statistics.
+    """Runs the blocks in order (stacked runs as one scan). Returns the output and the new batch
+    statistics, in the variables' layout.
 
     In training mode BatchNorm uses the batch's statistics and updates the running ones;
     in evaluation mode it uses the running statistics and the returned ones are unchanged.
     """
-    new_stats = {}
-    for name, module in zip(self.names, self.modules):
-      block_vars = {c: v[name] for c, v in variables.items() if name in v}
-      if train and 'batch_stats' in block_vars:
-        x, updated = module.apply(block_vars, x, train=True, mutable=['batch_stats'])
-        new_stats[name] = updated['batch_stats']
+    new_stats, i = {}, 0
+    stacked = {k.split('..')[0]: k for v in variables.values() for k in v if '..' in k}
+    while i < len(self.names):
+      key = stacked.get(self.names[i], self.names[i])
+      module, count = self.modules[i], (self.names.index(key.split('..')[1]) - i + 1 if '..' in key else 1)
+      block_vars = {c: v[key] for c, v in variables.items() if key in v}
+      if count > 1:
+        def body(x, v, module=module):
+          x, stats = _apply_block(module, v, x, train)
+          return x, stats
+        x, stats = jax.lax.scan(body, x, block_vars)
       else:
-        x = module.apply(block_vars, x, train=train)
-        if 'batch_stats' in block_vars:
-          new_stats[name] = block_vars['batch_stats']
+        x, stats = _apply_block(module, block_vars, x, train)
+      if 'batch_stats' in block_vars:
+        new_stats[key] = stats
+      i += count
     return x, new_stats
 
   def slice(self, start: int, stop: int) -> 'Chain':
-    return Chain(self.names[start:stop], self.modules[start:stop])
+    return Chain(self.names[start:stop], self.modules[start:stop], self.scan_min)
+
+
+def _apply_block(module, block_vars, x, train: bool):
+  if train and 'batch_stats' in block_vars:
+    x, updated = module.apply(block_vars, x, train=True, mutable=['batch_stats'])
+    return x, updated['batch_stats']
+  return module.apply(block_vars, x, train=train), block_vars.get('batch_stats')
+
+
+def _out_shape(module, x_shape):
+  x = jax.ShapeDtypeStruct(x_shape, jnp.float32)
+  return jax.eval_shape(lambda x: module.init_with_output(jax.random.key(0), x, train=False)[0], x).shape
+
+
+@functools.lru_cache(maxsize=256)
+def _runs(chain: 'Chain', x_shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+  runs, i, n = [], 0, len(chain.modules)
+  while i < n:
+    j, module = i + 1, chain.modules[i]
+    while j < n and chain.modules[j] == module:
+      j += 1
+    out = _out_shape(module, x_shape)
+    start = i if out == x_shape else i + 1  # a section's first block changes the shape, the rest keep it
+    if start > i and j > start and _out_shape(module, out) != out:
+      start = j  # every block changes the shape (e.g. strided ones): nothing to scan
+    if chain.scan_min and j - start >= max(chain.scan_min, 2):
+      runs.append((start, j))
+    x_shape = out
+    for _ in range(i + 1, j if start == j else i + 1):
+      x_shape = _out_shape(module, x_shape)
+    i = j
+  return tuple(runs)
+
+
+def segments(chain: 'Chain', x_shape) -> list[tuple[str, int, int]]:
+  """(key, start, stop) of every stored piece of ``chain``'s variables: a block, or a scanned run."""
+  runs = dict(chain.runs(x_shape))
+  out, i = [], 0
+  while i < len(chain.names):
+    stop = runs.get(i, i + 1)
+    out.append((chain.names[i] if stop == i + 1 else f'{chain.names[i]}..{chain.names[stop - 1]}', i, stop))
+    i = stop
+  return out
+
+
+def relayout(parts: Sequence[Variables], chain: 'Chain', x_shape) -> Variables:
+  """The variables of ``chain``'s blocks, in the layout ``chain`` runs on inputs of shape ``x_shape``
+  (its scanned runs stacked), gathered from ``parts`` (the whole model's variables, or its stages') in
+  whatever layout they have."""
+  where: dict[str, dict] = {}  # collection -> block name -> (that collection's dict, key, index in a stack)
+  for part in parts:
+    for c, v in part.items():
+      for key in v:
+        first, _, last = key.partition('..')
+        names = _name_range(first, last) if last else [key]
+        where.setdefault(c, {}).update({n: (v, key, j if last else None) for j, n in enumerate(names)})
+  out: Variables = {c: {} for c in where}
+  for key, start, stop in segments(chain, x_shape):
+    names = chain.names[start:stop]
+    for c, located in where.items():
+      if names[0] not in located:
+        continue
+      pieces, b = [], 0
+      while b < len(names):  # consecutive blocks of one stack are taken as one slice
+        v, k, j = located[names[b]]
+        e = b + 1
+        while j is not None and e < len(names) and located[names[e]][1:] == (k, j + e - b):
+          e += 1
+        if stop - start == 1:
+          pieces.append(v[k] if j is None else jax.tree.map(lambda a, j=j: a[j], v[k]))
+        else:
+          pieces.append(jax.tree.map(lambda a: a[None], v[k]) if j is None else
+                        jax.tree.map(lambda a, j=j, n=e - b: a[j:j + n], v[k]))
+        b = e
+      out[c][key] = pieces[0] if len(pieces) == 1 else jax.tree.map(lambda *a: jnp.concatenate(a), *pieces)
+  return out
+
+
+def _name_range(first: str, last: str) -> list[str]:
+  """'s1b3', 's1b7' -> s1b3..s1b7 (block names are PREFIX + index within a section)."""
+  prefix = first.rstrip('0123456789')
+  return [f'{prefix}{i}' for i in range(int(first[len(prefix):]), int(last[len(prefix):]) + 1)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +189,7 @@ class Model:
   def with_batch_norm_axis(self, axis_name: str | None) -> 'Model':
     """The same network whose BatchNorm averages its batch statistics over a mapped axis."""
     modules = tuple(m.clone(bn_axis=axis_name) for m in self.chain.modules)
-    return dataclasses.replace(self, chain=Chain(self.chain.names, modules))
+    return dataclasses.replace(self, chain=dataclasses.replace(self.chain, modules=modules))
 
   def cut(self, boundaries: Sequence[int]) -> list[Chain]:
     """Cuts the chain into stages; ``boundaries`` are the first block index of stages 1..K-1."""
@@ -101,12 +204,15 @@ def _init_chain_fn(chain: 'Chain', x_shape: jax.ShapeDtypeStruct):
   def init(rng):
     variables: Variables = {c: {} for c in COLLECTIONS}
     x = jnp.zeros(x_shape.shape, x_shape.dtype)
-    for i, (name, module) in enumerate(zip(chain.names, chain.modules)):
-      block_vars = module.init(jax.random.fold_in(rng, i), x, train=False)
+    for key, start, stop in segments(chain, x_shape.shape):
+      module = chain.modules[start]
+      one = lambda i, x=x, module=module: module.init(jax.random.fold_in(rng, i), x, train=False)
+      block_vars = one(start) if stop == start + 1 else jax.vmap(one)(jnp.arange(start, stop))
       for collection, value in block_vars.items():
-        variables.setdefault(collection, {})[name] = value
-      out = jax.eval_shape(lambda v, x, module=module: module.apply(v, x, train=False), block_vars, x)
-      x = jnp.zeros(out.shape, x.dtype)
+        variables.setdefault(collection, {})[key] = value
+      for i in range(start, start + 1 if stop > start + 1 else stop):  # a scanned run keeps the shape
+        v = block_vars if stop == start + 1 else jax.tree.map(lambda a: a[0], block_vars)
+        x = jnp.zeros(jax.eval_shape(lambda v, x: module.apply(v, x, train=False), v, x).shape, x.dtype)
     return variables
   return init
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from jaxdecouple.common import VjpStash, classification_loss, vjp_call
 from jaxdecouple.data import Batch
-from jaxdecouple.models import AuxHead, Chain, Model, count_params, merge, subset
+from jaxdecouple.models import AuxHead, Chain, Model, count_params, relayout
 from jaxdecouple.optim import Optimizer
 from jaxdecouple.pipeline.schedule import Schedule
 from jaxdecouple.pipeline.splits import Split
@@ -216,8 +216,9 @@ class Pipeline:
     labels = jax.ShapeDtypeStruct(example.labels.shape, jnp.int32)
     zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
     states, self.message_bytes, self._tags = [], [], None
+    self.image_shape = (1, *example.images.shape[1:])
     for k, stage in enumerate(self.stages):
-      part = subset(variables, stage.chain.names)
+      part = relayout([variables], stage.chain, (1, *x.shape[1:]))
       params, stats = part['params'], part.get('batch_stats', {})
       y = jax.eval_shape(lambda p, s, x: stage.chain.apply({'params': p, 'batch_stats': s}, stage.inputs(x, 0),
                                                            train=True)[0], params, stats, x)
@@ -301,8 +302,8 @@ class Pipeline:
 
   def eval_variables(self, state: PipelineState) -> dict:
     device = self.devices[0]
-    return merge([jax.device_put({'params': st.params, 'batch_stats': st.batch_stats}, device)
-                  for st in state.stages])
+    return relayout([jax.device_put({'params': st.params, 'batch_stats': st.batch_stats}, device)
+                     for st in state.stages], self.model.chain, self.image_shape)
 
   @functools.cached_property
   def _diagnostics(self):

@@ -55,21 +55,23 @@ def block_flops(model: Model, image_shape: Sequence[int], batch: int = 8) -> tup
   if key in _FLOP_CACHE:
     return _FLOP_CACHE[key]
   x = jax.ShapeDtypeStruct((batch, *image_shape), jnp.float32)
-  costs = []
+  costs, known = [], {}  # identical blocks on identical inputs cost the same: measured once (ResNet-1202)
   for module in model.chain.modules:
-    variables = jax.eval_shape(lambda x: module.init(jax.random.key(0), x, train=False), x)
-    fn = lambda v, x: module.apply(v, x, train=True, mutable=['batch_stats'])[0]
-    try:
-      analysis = jax.jit(fn).lower(variables, x).compile().cost_analysis()
-      if isinstance(analysis, (list, tuple)):
-        analysis = analysis[0] if analysis else {}
-      flops = float((analysis or {}).get('flops', 0.0))
-    except Exception:  # a backend without cost analysis: fall back to parameter counts
-      flops = 0.0
-    if flops <= 0:
-      flops = float(sum(l.size for l in jax.tree.leaves(variables.get('params', {})))) * batch * 2
-    costs.append(max(flops, 1.0))
-    x = jax.eval_shape(fn, variables, x)
+    if (module, x.shape) not in known:
+      variables = jax.eval_shape(lambda x: module.init(jax.random.key(0), x, train=False), x)
+      fn = lambda v, x: module.apply(v, x, train=True, mutable=['batch_stats'])[0]
+      try:
+        analysis = jax.jit(fn).lower(variables, x).compile().cost_analysis()
+        if isinstance(analysis, (list, tuple)):
+          analysis = analysis[0] if analysis else {}
+        flops = float((analysis or {}).get('flops', 0.0))
+      except Exception:  # a backend without cost analysis: fall back to parameter counts
+        flops = 0.0
+      if flops <= 0:
+        flops = float(sum(l.size for l in jax.tree.leaves(variables.get('params', {})))) * batch * 2
+      known[module, x.shape] = (max(flops, 1.0), jax.eval_shape(fn, variables, x))
+    flops, x = known[module, x.shape]
+    costs.append(flops)
   _FLOP_CACHE[key] = tuple(costs)
   return _FLOP_CACHE[key]
 

@@ -1,0 +1,21 @@
+"""BP on CIFAR-10 ResNet-1202 (over 1000 layers, 19.4M parameters), the FDG paper's recipe
+(300 epochs, the 3-epoch warm-up at lr 0.01 that the paper gives ResNet-110, assumed here too).
+
+python main.py --config=configs/bp_resnet1202.py --config.data.path=cifar10.npz
+
+Paper (the FDG README's row of 19.4M parameters, labelled WRN-28-10 there; ResNet-1202 has 19.42M
+parameters): BP 7.93%, rerun 5.53%.
+Its 600 residual blocks are three runs of identical blocks, each run as one scanned loop
+(config.scan_blocks=16): start-up takes seconds instead of minutes. On XLA:CPU a scanned block's backward
+runs several times slower than an unrolled one (docs/PERFORMANCE.md, "Very deep networks"): this is a
+network for accelerators.
+Data: an .npz with x_train, y_train, x_test, y_test (or the JPEG-compressed CIFAR-10 copy), or
+tensorflow-datasets when it can download or has the data prepared.
+"""
+from jaxdecouple.recipes import fdg_paper
+
+
+def get_config():
+  c = fdg_paper('bp', 'resnet1202', 'cifar10', num_stages=1, beta=1.0, warmup=True)
+  c.scan_blocks = 16
+  return c
