@@ -119,6 +119,9 @@ def test_logs_the_split_devices_and_delays(workdir):
   assert 'into 3 stages' in lines[0]
   assert 'delay 4' in lines[1] and 'delay 2' in lines[2] and 'delay 0' in lines[3]
   assert 'cpu:0' in lines[1] and 'cpu:2' in lines[3] and 'MB/step' in lines[1]
+  # then the schedule as a table: stage 0 back-propagates micro-batch 0 at iteration 4 and updates
+  table = [line.split() for line in lines if line.strip().startswith('stage 0 F0')]
+  assert table and table[0][2:7] == ['F0', 'F1', 'F2', 'F3', 'F4B0*']
 
 
 def test_profile_records_stage_times_and_traffic(workdir):

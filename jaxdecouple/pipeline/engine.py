@@ -373,6 +373,8 @@ class Pipeline:
       model = sum(count_params(st.params) for st in state.stages)
       lines.append(f'  auxiliary heads: {extra / 1e6:.3f}M extra parameters ({100 * extra / model:.1f}% of the '
                    f'model\'s {model / 1e6:.3f}M); evaluation uses the real head')
+    lines.append('  schedule (F<m>: forward of micro-batch m, B<m>: its backward, *: optimizer step):')
+    lines.extend('    ' + line for line in s.table(2 * s.num_stages + s.accumulation).splitlines())
     return lines
 
   def timed_step(self, state: PipelineState, batch: Batch, t: int):
