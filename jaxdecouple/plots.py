@@ -4,6 +4,7 @@
     fig = plot_curves({'BP': 'workdirs/bp', 'FDG K=2': 'workdirs/fdg'}, path='curves.png')
 
     plot_diagnostics('workdirs/fdg', path='staleness.png')  # pipeline.diagnose_every_steps lines
+    plot_wallclock({'BP': ['workdirs/bp'], 'FDG': ['workdirs/fdg']}, path='wallclock.png')  # against seconds
 
 Used by the quickstart notebook and by the reproduction report.
 """
@@ -19,7 +20,8 @@ from jaxdecouple.writers import read_metrics
 
 
 def learning_curves(workdir: str) -> dict[str, list[float]]:
-  """Per-epoch curves of one run: ``epoch``, ``test_error`` (%) and ``train_loss``.
+  """Per-epoch curves of one run: ``epoch``, ``test_error`` (%), ``train_loss`` and ``train_seconds`` (the
+  training time up to that evaluation: compilation, evaluations and diagnostics not counted).
 
   A resumed run may log a step twice; the last record of each step wins. Training loss is the mean
   of the training records logged during each epoch, matched to that epoch's evaluation.
@@ -29,9 +31,11 @@ def learning_curves(workdir: str) -> dict[str, list[float]]:
     records[(r['kind'], r['step'])] = r
   evals = sorted((r for (kind, _), r in records.items() if kind == 'eval'), key=lambda r: r['step'])
   train = sorted((r for (kind, _), r in records.items() if kind == 'train'), key=lambda r: r['step'])
-  curves = {'epoch': [], 'test_error': [], 'train_loss': []}
-  previous = 0
+  curves = {'epoch': [], 'test_error': [], 'train_loss': [], 'train_seconds': []}
+  previous, seconds = 0, 0.0
   for e in evals:
+    seconds += e.get('epoch_time_s', math.nan)
+    curves['train_seconds'].append(seconds)
     losses = [r['train_loss'] for r in train if previous < r['step'] <= e['step']
               and isinstance(r.get('train_loss'), (int, float))]
     curves['epoch'].append(e['epoch'])
@@ -124,6 +128,31 @@ def plot_diagnostics(runs: str | Mapping[str, str], path: str | None = None, tit
   fig.legend(*ax_cos.get_legend_handles_labels(), loc='center left', bbox_to_anchor=(1.0, 0.5))
   if title:
     fig.suptitle(title)
+  fig.tight_layout()
+  return _save(fig, path)
+
+
+def time_to(workdir: str, error: float) -> float | None:
+  """The training seconds a run took to reach ``error`` (%) or less at an evaluation (None: never)."""
+  curves = learning_curves(workdir)
+  return next((t for t, e in zip(curves['train_seconds'], curves['test_error']) if e <= error + 1e-6), None)
+
+
+def plot_wallclock(runs: Mapping[str, Sequence[str]], path: str | None = None, title: str | None = None):
+  """Test error (%) against training seconds: {label: [workdir, ...]}, one line per workdir (seed), a
+  colour per label (seeds are not averaged: their clocks differ)."""
+  plt = _figure_backend(path)
+  fig, ax = plt.subplots(figsize=(6.5, 3.8))
+  for i, (label, workdirs) in enumerate(runs.items()):
+    for j, workdir in enumerate(workdirs):
+      curves = learning_curves(workdir)
+      ax.plot(curves['train_seconds'], curves['test_error'], marker='o', markersize=2, color=f'C{i}',
+              alpha=0.8, label=label if j == 0 else None)
+  ax.set(xlabel='training seconds', ylabel='test error (%)')
+  ax.grid(alpha=0.3)
+  ax.legend(loc='upper right')
+  if title:
+    ax.set_title(title)
   fig.tight_layout()
   return _save(fig, path)
 

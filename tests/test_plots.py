@@ -89,3 +89,20 @@ def test_diagnostics_per_stage_and_their_plot(tmp_path):
   fig = plot_diagnostics({'FDG': wd}, path=png)
   assert os.path.getsize(png) > 1000
   assert [line.get_label() for line in fig.axes[0].get_lines()] == ['FDG stage 0', 'FDG stage 1']
+
+
+def test_training_seconds_and_time_to_an_error(tmp_path):
+  from jaxdecouple.plots import plot_wallclock, time_to
+  wd = str(tmp_path / 'run')
+  fake_run(wd, [
+      {'kind': 'eval', 'step': 10, 'epoch': 1.0, 'test_accuracy': 0.5, 'epoch_time_s': 30.0},
+      {'kind': 'eval', 'step': 20, 'epoch': 2.0, 'test_accuracy': 0.7, 'epoch_time_s': 20.0},
+      {'kind': 'eval', 'step': 30, 'epoch': 3.0, 'test_accuracy': 0.8, 'epoch_time_s': 25.0},
+  ], {'method': 'bp'})
+  assert learning_curves(wd)['train_seconds'] == pytest.approx([30.0, 50.0, 75.0])  # summed epochs
+  assert time_to(wd, 30.0) == pytest.approx(50.0)  # first evaluation at or below 30% error
+  assert time_to(wd, 20.0) == pytest.approx(75.0) and time_to(wd, 19.9) is None
+  path = str(tmp_path / 'wall.png')
+  plot_wallclock({'BP': [wd, wd]}, path=path)
+  with open(path, 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'

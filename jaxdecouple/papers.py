@@ -1,0 +1,56 @@
+"""The papers' numbers, written once: the studies' tables and claims read them, and a test holds every
+config docstring's quoted figures to them.
+
+FDG: Zhuang et al., "Fully decoupled neural network learning using delayed gradients" (the SPEC's
+table: test error %, CIFAR-10 unless the row says CIFAR-100, 300 epochs; DDG, DGL and FR rerun by the
+FDG authors). ResIST: Dun et al., test accuracy %, pre-activation ResNet-101.
+"""
+from __future__ import annotations
+
+# (row, column) -> test error %. Rows: 'ResNet-56, K=2' or 'CIFAR-100 ResNet-56, K=2'; columns: 'BP',
+# 'DDG', 'DGL', 'FR', 'FDG beta=1' and 'FDG beta=B' for the paper's best beta B.
+FDG: dict[tuple[str, str], float] = {}
+for _row, _cells in {
+    'ResNet-20, K=2': {'BP': 7.78, 'FDG beta=1': 7.92, 'FDG beta=0.2': 7.23},
+    'ResNet-56, K=2': {'BP': 6.19, 'DDG': 6.63, 'DGL': 6.77, 'FR': 6.07, 'FDG beta=1': 6.20, 'FDG beta=0.5': 5.90},
+    'ResNet-110, K=2': {'BP': 5.79, 'DDG': 6.26, 'DGL': 6.26, 'FR': 5.76, 'FDG beta=1': 5.79, 'FDG beta=0.5': 5.73},
+    'ResNet-18, K=2': {'BP': 4.87, 'DDG': 5.00, 'DGL': 5.21, 'FR': 4.80, 'FDG beta=1': 4.82, 'FDG beta=0.8': 4.79},
+    'WRN-28-10, K=2': {'BP': 4.01, 'FDG beta=1': 4.13, 'FDG beta=0.7': 3.85},
+    'ResNet-1202, K=2': {'BP': 7.93, 'BP rerun': 5.53, 'FDG beta=1': 5.50, 'FDG beta=0.7': 5.49},
+    'ResNet-56, K=3': {'BP': 6.19, 'DDG': 6.50, 'DGL': 8.88, 'FR': 6.33, 'FDG beta=1': 6.40, 'FDG beta=0.2': 6.08},
+    'ResNet-56, K=4': {'BP': 6.19, 'DDG': 6.61, 'DGL': 9.65, 'FR': 6.48, 'FDG beta=1': 6.83, 'FDG beta=0.3': 6.14},
+    'CIFAR-100 ResNet-56, K=2': {'BP': 27.68, 'DDG': 28.44, 'DGL': 29.51, 'FR': 28.39, 'FDG beta=1': 27.87,
+                                 'FDG beta=0.4': 27.49},
+    'CIFAR-100 ResNet-110, K=2': {'BP': 25.82, 'DDG': 27.16, 'DGL': 26.80, 'FR': 26.31, 'FDG beta=1': 25.73,
+                                  'FDG beta=0.5': 25.43},
+    'CIFAR-100 ResNet-18, K=2': {'BP': 22.35, 'DDG': 22.74, 'DGL': 22.24, 'FR': 22.88, 'FDG beta=1': 22.78,
+                                 'FDG beta=0.5': 22.18},
+    'CIFAR-100 WRN-28-10, K=2': {'BP': 19.6, 'FDG beta=1': 20.28, 'FDG beta=0.6': 19.08},
+}.items():
+  FDG.update({(_row, column): error for column, error in _cells.items()})
+
+# (dataset, S) -> test accuracy % of local SGD and ResIST (80 epochs at S = 2, 160 at S = 4 and 8).
+RESIST: dict[tuple[str, int], dict[str, float]] = {
+    ('cifar10', 2): {'local SGD': 92.36, 'ResIST': 91.95},
+    ('cifar10', 4): {'local SGD': 92.90, 'ResIST': 92.35},
+    ('cifar10', 8): {'local SGD': 92.00, 'ResIST': 91.45},
+    ('cifar100', 2): {'local SGD': 70.67, 'ResIST': 70.06},
+    ('cifar100', 4): {'local SGD': 71.51, 'ResIST': 71.30},
+    ('cifar100', 8): {'local SGD': 69.64, 'ResIST': 70.26},
+}
+
+
+def fdg_gap(row: str, column: str, baseline: str = 'BP') -> str:
+  """The FDG paper's gap of ``column`` to ``baseline`` in ``row``, in points, as the reports write it."""
+  return f'{FDG[(row, column)] - FDG[(row, baseline)]:+.2f}'
+
+
+def resist_gap(dataset: str, workers: int) -> str:
+  """ResIST's test error minus local SGD's in the ResIST paper, in points."""
+  r = RESIST[(dataset, workers)]
+  return f'{r["local SGD"] - r["ResIST"]:+.2f}'
+
+
+def quoted() -> set[float]:
+  """Every figure above, as a config docstring may quote it (test error, or accuracy for ResIST)."""
+  return set(FDG.values()) | {a for r in RESIST.values() for a in r.values()}

@@ -1,0 +1,87 @@
+"""The command line: run a study (resumable, in pieces, several processes) and write its report."""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from jaxdecouple.study.core import is_finished
+from jaxdecouple.study.definitions import STUDIES
+from jaxdecouple.study.report import report, write_results
+from jaxdecouple.study.runner import pin, run_study
+
+
+def main(argv=None) -> int:
+  import jaxdecouple.study as package
+  p = argparse.ArgumentParser(prog='python -m jaxdecouple.study', description=package.__doc__.split('\n\n')[0],
+                              epilog=package.__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--study', required=True, choices=sorted(STUDIES))
+  p.add_argument('--workdir', required=True, help='where the study keeps its runs (resumable)')
+  p.add_argument('--data_path', default='', help='the .npz data file for studies that need one')
+  p.add_argument('--max_runs', type=int, default=0, help='start at most this many runs per process (0: all)')
+  p.add_argument('--time_limit_min', type=float, default=0.0,
+                 help='start no new run after this many minutes (0: no limit)')
+  p.add_argument('--finish_by_min', type=float, default=0.0,
+                 help='start no run that would not end within this many minutes, judged by the longest '
+                      'run of the study that ran whole so far (0: no limit); for machines that stop at a '
+                      'fixed time')
+  p.add_argument('--keep_checkpoints', action='store_true',
+                 help="keep a finished run's checkpoints (default: deleted; the report needs only metrics)")
+  p.add_argument('--jobs', type=int, default=1,
+                 help='run this many processes at once on the same workdir, each taking the next free run')
+  p.add_argument('--pin', default='', help=argparse.SUPPRESS)  # J/N: a --jobs helper's share of the cores
+  p.add_argument('--report', action='store_true', help='only write the report from finished runs')
+  p.add_argument('--no_report', action='store_true', help='run, but leave the report to another call')
+  p.add_argument('--results', default='docs/RESULTS.md', help='the results page to update')
+  p.add_argument('--figures', default='docs/figures', help='where the learning-curve PNGs go')
+  args = p.parse_args(argv)
+  study = STUDIES[args.study]()
+  if args.jobs < 1:
+    p.error(f'--jobs must be at least 1, got {args.jobs}')
+  if not args.report and study.needs_data_path and not args.data_path:
+    p.error(f'study {args.study} needs {study.needs}: pass --data_path=FILE.npz (shared/data/README.md says '
+            'where the CIFAR-10 copy is)')
+  if not args.report and args.data_path and not os.path.isfile(args.data_path):
+    p.error(f'--data_path={args.data_path}: no such file')
+  if not args.report:
+    helper = [sys.executable, '-m', 'jaxdecouple.study', f'--study={args.study}', f'--workdir={args.workdir}',
+              f'--data_path={args.data_path}', f'--max_runs={args.max_runs}',
+              f'--time_limit_min={args.time_limit_min}', f'--finish_by_min={args.finish_by_min}', '--no_report',
+              *(['--keep_checkpoints'] if args.keep_checkpoints else [])]
+    helpers = [subprocess.Popen([*helper, f'--pin={j}/{args.jobs}']) for j in range(1, args.jobs)]
+    cpus = os.sched_getaffinity(0) if hasattr(os, 'sched_getaffinity') else None
+    if args.pin:
+      pin(*map(int, args.pin.split('/')))
+    elif helpers:
+      pin(0, args.jobs)
+    try:
+      status = run_study(study, args.workdir, args.data_path, args.max_runs, args.time_limit_min * 60,
+                         keep_checkpoints=args.keep_checkpoints, console=not args.pin,
+                         finish_by_s=args.finish_by_min * 60)
+    finally:
+      if cpus is not None:
+        os.sched_setaffinity(0, cpus)  # when called in-process (tests, notebooks)
+    if any(h.wait() for h in helpers):
+      print('a helper process failed; see its output above', file=sys.stderr)
+    done = sum(is_finished(args.workdir, r) for r in study.runs)
+    print(f"{done} of {len(study.runs)} runs finished ({status['ran']} run now by this process, "
+          f"{len(study.runs) - done} left)")
+    if args.no_report:
+      return 0
+  command = (f'python -m jaxdecouple.study --study={args.study} --workdir={args.workdir} --report')
+  write_results({study.name: report(study, args.workdir, args.results, args.figures, command)}, args.results)
+  print(f'wrote {args.results} and figures in {args.figures}')
+  return 0
+
+
+def _console_logging() -> None:
+  """Progress lines on the console in absl's format, as main.py shows them (a --jobs helper's runs keep
+  theirs off it: see run_study's ``console``)."""
+  from absl import flags, logging
+  from jaxdecouple.writers import quiet_library_logs
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()  # absl's defaults; else every line is preceded by a warning that they are not
+  logging.use_absl_handler()
+  quiet_library_logs()

@@ -1,0 +1,263 @@
+"""The report: a study's finished runs as the paper's table, gaps paired by seed, checks and curves."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+from typing import Sequence
+
+from jaxdecouple.study.core import Claim, Run, Study, is_finished, run_dir
+
+
+_ARCHITECTURES = {'x86_64', 'amd64', 'aarch64', 'arm64', 'i386', 'i686', ''}
+
+
+def same_machines_once(machines: list[dict]) -> list[dict]:
+  """Drops a record whose CPU is only an architecture name (what ``platform`` gives where the CPU's
+  model name was not read) when a record alike in everything else names the CPU."""
+  rest = lambda m: json.dumps({k: v for k, v in m.items() if k != 'cpu'}, sort_keys=True)
+  named = {rest(m) for m in machines if m['cpu'].lower() not in _ARCHITECTURES}
+  return [m for m in machines if m['cpu'].lower() not in _ARCHITECTURES or rest(m) not in named]
+
+
+def _final_error(workdir: str, run: Run) -> float | None:
+  if not is_finished(workdir, run):
+    return None
+  with open(os.path.join(run_dir(workdir, run), 'finished.json'), encoding='utf-8') as f:
+    return 100.0 * (1.0 - json.load(f)['test_accuracy'])
+
+
+def _cell(errors: Sequence[float]) -> str:
+  if not errors:
+    return '-'
+  median = statistics.median(errors)
+  spread = f' ({min(errors):.2f}-{max(errors):.2f})' if len(errors) > 1 else ''
+  return f'{median:.2f}{spread}, n={len(errors)}'
+
+
+def _errors_by_seed(study: Study, workdir: str, row: str, column: str) -> dict[int, float]:
+  return {r.seed: e for r in study.runs if r.in_row(row) and r.column == column
+          if (e := _final_error(workdir, r)) is not None}
+
+
+def gap(study: Study, workdir: str, row: str, column: str, baseline: str) -> tuple[float, int] | None:
+  """The column's test error minus the baseline's in a row, in points: the median over the seeds both
+  finished of the per-seed difference (paired, so a seed's easy or hard draw cancels), and that count."""
+  ours, base = (_errors_by_seed(study, workdir, row, c) for c in (column, baseline))
+  seeds = sorted(ours.keys() & base.keys())
+  if not seeds:
+    return None
+  return statistics.median(ours[s] - base[s] for s in seeds), len(seeds)
+
+
+def _row_baseline(study: Study, row: str) -> str | None:
+  return next((b for b in study.baselines if any(r.in_row(row) and r.column == b for r in study.runs)), None)
+
+
+def _gap_text(g: tuple[float, int] | None) -> str:
+  return '-' if g is None else f'{g[0]:+.2f}, n={g[1]}'
+
+
+def check(study: Study, workdir: str, claim: Claim) -> str:
+  """One line of the report's checks: the claim, met or not, and the gaps it was decided on."""
+  gaps = [(row, gap(study, workdir, row, claim.column, claim.baseline)) for row in claim.rows]
+  shown = '; '.join(f'{row}: {_gap_text(g)}' for row, g in gaps)
+  if any(g is None for _, g in gaps):
+    return f'- {claim.text}: waiting for runs ({shown})'
+  values = [round(g[0], 2) for _, g in gaps]  # decided on the figures shown
+  if claim.limit is not None:
+    verdict = 'met' if values[0] <= claim.limit else 'missed'
+  else:
+    verdict = 'yes' if all(a < b for a, b in zip(values, values[1:])) else 'no'
+  return f'- {claim.text}: **{verdict}** ({shown})'
+
+
+def _gaps_and_checks(study: Study, workdir: str) -> list[str]:
+  baselines = {row: _row_baseline(study, row) for row in study.rows}
+  columns = [c for c in study.columns if c not in study.baselines]
+  used = list(dict.fromkeys(b for b in baselines.values() if b))
+  with_paper = lambda col: any((row, col) in study.paper and (row, baselines[row]) in study.paper
+                               for row in study.rows)
+  header = ['row'] + [c for col in columns for c in (col, 'paper') if c != 'paper' or with_paper(col)]
+  lines = [f"Gap to the row's baseline ({' or '.join(used)}), in points of test error: the median over the "
+           'seeds both finished of the per-seed difference (+ is worse than the baseline).', '',
+           '| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+  for row in study.rows:
+    cells = [row]
+    for col in columns:
+      has = baselines[row] and any(r.in_row(row) and r.column == col for r in study.runs)
+      cells.append(_gap_text(gap(study, workdir, row, col, baselines[row])) if has else '-')
+      if with_paper(col):
+        paper = (study.paper.get((row, col)), study.paper.get((row, baselines[row])))
+        cells.append('-' if None in paper else f'{paper[0] - paper[1]:+.2f}')
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  if study.claims:
+    lines += ['', 'Checks, decided from the gaps above:', '']
+    lines += [check(study, workdir, c) for c in study.claims]
+  return lines + ['']
+
+
+def _finished_by_column(study: Study, workdir: str, row: str) -> dict[str, list[Run]]:
+  """The row's finished runs per column, in the study's (seed) order."""
+  finished: dict[str, list[Run]] = {}
+  for r in study.runs:
+    if r.in_row(row) and is_finished(workdir, r):
+      finished.setdefault(r.column, []).append(r)
+  return finished
+
+
+def _best_accuracy(study: Study, workdir: str) -> list[str]:
+  """The ResIST paper's way: each run's best test accuracy over its evaluations, mean and standard
+  deviation over the seeds."""
+  from jaxdecouple.plots import learning_curves
+  lines = ["Best test accuracy (%) over each run's evaluations, mean ± standard deviation over the finished "
+           "seeds (the ResIST paper's way), the paper's accuracy beside it:", '',
+           '| row | ' + ' | '.join(f'{c} | paper' for c in study.columns) + ' |',
+           '|' + '---|' * (1 + 2 * len(study.columns))]
+  for row in study.rows:
+    finished, cells = _finished_by_column(study, workdir, row), [row]
+    for col in study.columns:
+      best = [100 - min(learning_curves(run_dir(workdir, r))['test_error']) for r in finished.get(col, [])]
+      cells.append('-' if not best else f'{statistics.mean(best):.2f}'
+                   + (f' ± {statistics.stdev(best):.2f}' if len(best) > 1 else '') + f', n={len(best)}')
+      cells.append(f'{100 - study.paper[(row, col)]:.2f}' if (row, col) in study.paper else '-')
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  return lines + ['']
+
+
+def _time_to_target(study: Study, workdir: str) -> list[str]:
+  """Per row, the training seconds each column took to reach the row's target error: the highest of the
+  columns' median final errors, which every column reaches."""
+  from jaxdecouple.plots import learning_curves, time_to
+  lines = ['Accuracy against wall-clock: training seconds (the sum of the evaluated epochs\' training time; '
+           'compilation, evaluation and diagnostics not counted) to reach the row\'s target, the highest of its '
+           'columns\' median final test errors, so that every column reaches it; median over the finished seeds '
+           '(min-max). Measured on the machine above, where runs started with --jobs share its cores: compare '
+           'within a study, not with the papers\' GPUs.', '',
+           '| row | target error (%) | ' + ' | '.join(study.columns) + ' |', '|' + '---|' * (2 + len(study.columns))]
+  for row in study.rows:
+    finished = _finished_by_column(study, workdir, row)
+    finals = [statistics.median(learning_curves(run_dir(workdir, r))['test_error'][-1] for r in rs)
+              for rs in finished.values()]
+    if not finals:
+      continue
+    target, cells = max(finals), [row]
+    cells.append(f'{target:.2f}')
+    for col in study.columns:
+      times = [time_to(run_dir(workdir, r), target) for r in finished.get(col, [])]
+      reached = sorted(t for t in times if t is not None)
+      cells.append('-' if not times else f'{statistics.median(reached):.0f} ({reached[0]:.0f}-{reached[-1]:.0f})'
+                   + ('' if len(reached) == len(times) else f', {len(times) - len(reached)} never') if reached
+                   else f'never (n={len(times)})')
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  return lines + ['']
+
+
+def _figures(study: Study, workdir: str, results_path: str, figures_dir: str) -> list[str]:
+  """Per row: learning curves; test error against training seconds; and, where pipeline runs recorded
+  staleness diagnostics, each stage's gradient against BP's (the first finished seed of each column)."""
+  from jaxdecouple.plots import diagnostics, plot_curves, plot_diagnostics, plot_wallclock
+  os.makedirs(figures_dir, exist_ok=True)
+  lines = []
+  for row in study.rows:
+    finished = _finished_by_column(study, workdir, row)
+    if not finished:
+      continue
+    slug = re.sub(r'[^a-z0-9]+', '_', f'{study.name}_{row}'.lower()).strip('_')
+    rel = lambda png: os.path.relpath(png, os.path.dirname(os.path.abspath(results_path)))
+    png = os.path.join(figures_dir, f'{slug}.png')
+    label = lambda c, rs: f'{c} (seed {rs[0].seed})' if len(rs) == 1 else f'{c} (median of {len(rs)} seeds)'
+    plot_curves({label(c, rs): [run_dir(workdir, r) for r in rs] for c, rs in finished.items()},
+                path=png, title=row)
+    lines += [f'![{row}: test error and training loss per epoch]({rel(png)})', '']
+    png = os.path.join(figures_dir, f'{slug}_wallclock.png')
+    plot_wallclock({c: [run_dir(workdir, r) for r in rs] for c, rs in finished.items()}, path=png, title=row)
+    lines += [f'![{row}: test error against training seconds, one line per seed]({rel(png)})', '']
+    diagnosed = {f'{c} (seed {r.seed})': run_dir(workdir, r) for c, rs in finished.items()
+                 for r in rs[:1] if diagnostics(run_dir(workdir, r))}
+    if diagnosed:
+      png = os.path.join(figures_dir, f'{slug}_staleness.png')
+      plot_diagnostics(diagnosed, path=png, title=f'{row}: each stage\'s applied gradient against BP\'s')
+      lines += [f'![{row}: cosine and norm ratio of each stage\'s applied gradient to back-propagation\'s]'
+                f'({rel(png)})', '']
+  return lines
+
+
+def report(study: Study, workdir: str, results_path: str, figures_dir: str, command: str) -> str:
+  """Writes the study's section of the results page and its figures; returns the markdown. Made from the
+  run records alone (no date of its own), so the committed records regenerate it byte for byte."""
+  lines = [f'## {study.title}', '',
+           f'Generated by `{command}` from the run records in {workdir}.', '',
+           f'- Data: {study.data.rstrip(".")}.', f'- Recipe: {study.recipe.rstrip(".")}.',
+           f'- Seeds: {", ".join(map(str, sorted({r.seed for r in study.runs})))}; cells are the test error (%) at '
+           'the last epoch: median over the finished seeds (min-max), n = seeds finished; the curves show the '
+           'median per epoch over the finished seeds, their range shaded.']
+  machines, dates = set(), []
+  for run in study.runs:
+    path = os.path.join(run_dir(workdir, run), 'machines.jsonl')
+    if is_finished(workdir, run) and os.path.exists(path):
+      with open(path, encoding='utf-8') as f:
+        for line in f:
+          m = json.loads(line)
+          dates.append(m.pop('date')[:10])
+          machines.add(json.dumps(m, sort_keys=True))
+  for m in same_machines_once([json.loads(m) for m in sorted(machines)]):
+    lines.append(f"- Machine: {m['devices']} x {m['device']} ({m['platform']}), host CPU {m['cpu']} with "
+                 f"{m['cpu_count']} cores, jax {m['jax']}, Python {m['python']}.")
+  if dates:
+    lines.append(f'- Run dates: {min(dates)} to {max(dates)}.')
+  done = sum(is_finished(workdir, r) for r in study.runs)
+  lines += [f'- Finished runs: {done} of {len(study.runs)}.', '']
+  header = ['row'] + [c for col in study.columns for c in (col, 'paper')
+                      if c != 'paper' or any((row, col) in study.paper for row in study.rows)]
+  lines += ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+  for row in study.rows:
+    cells = [row]
+    for col in study.columns:
+      errors = [e for r in study.runs if r.in_row(row) and r.column == col
+                if (e := _final_error(workdir, r)) is not None]
+      cells.append(_cell(errors))
+      if any((rw, col) in study.paper for rw in study.rows):
+        cells.append(f'{study.paper[(row, col)]:.2f}' if (row, col) in study.paper else '-')
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  lines.append('')
+  if any(_row_baseline(study, row) for row in study.rows):
+    lines += _gaps_and_checks(study, workdir)
+  if study.best_accuracy and done:
+    lines += _best_accuracy(study, workdir)
+  if done:
+    lines += _time_to_target(study, workdir)
+  return '\n'.join(lines + _figures(study, workdir, results_path, figures_dir))
+
+
+_FROM_RECORDS = 'from the run records in'  # what a section made from committed records says
+
+
+def write_results(sections: dict[str, str], results_path: str) -> None:
+  """docs/RESULTS.md holds one generated section per study; this replaces the given ones."""
+  existing: dict[str, str] = {}
+  if os.path.exists(results_path):
+    with open(results_path, encoding='utf-8') as f:
+      text = f.read()
+    for part in re.split(r'\n(?=<!-- study: )', text):
+      m = re.match(r'<!-- study: (\S+) -->\n', part)
+      if m:
+        existing[m.group(1)] = part[m.end():].rstrip() + '\n'
+  existing.update(sections)
+  kept = [n for n, t in sorted(existing.items()) if _FROM_RECORDS in t]
+  lost = [n for n, t in sorted(existing.items()) if _FROM_RECORDS not in t]
+  head = ['# Results', '',
+          'Every section below is generated by `python -m jaxdecouple.study --study=NAME --workdir=DIR '
+          '--report`; nothing here is typed by hand. Test error in %.', '']
+  if kept:
+    head += [f'Run records in the repository (under studies/; `--report` regenerates these sections and their '
+             f'figures from a fresh clone): {", ".join(kept)}.', '']
+  if lost:
+    head += [f'Run records not in the repository: {", ".join(lost)}. These studies ran while studies/ was not '
+             'tracked, and their records stayed on the machines that ran them; their sections stay as they were '
+             'generated then and cannot be regenerated.', '']
+  body = [f'<!-- study: {name} -->\n{text.rstrip()}\n' for name, text in sorted(existing.items())]
+  os.makedirs(os.path.dirname(os.path.abspath(results_path)), exist_ok=True)
+  with open(results_path, 'w', encoding='utf-8') as f:
+    f.write('\n'.join(head) + '\n' + '\n'.join(body))

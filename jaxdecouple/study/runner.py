@@ -1,0 +1,168 @@
+"""Running a study: one process or several sharing a workdir (claims, core pinning), each run's own log."""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import platform
+import shutil
+import socket
+import time
+from typing import Callable
+
+from jaxdecouple.study.core import Study, is_finished, run_dir
+
+
+def _alive(pid) -> bool:
+  try:
+    os.kill(int(pid), 0)
+  except (OSError, TypeError, ValueError):
+    return False
+  return True
+
+
+def claim(where: str) -> dict | None:
+  """Claims the run in ``where`` for this process; returns the claim of the live process on this
+  host that already holds it (then this one must pass over it), else None. A claim whose process is
+  gone, or from another host (a machine that stopped), is taken over."""
+  path = os.path.join(where, 'running.json')
+  me = {'host': socket.gethostname(), 'pid': os.getpid()}
+  for _ in range(2):
+    try:
+      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+      try:
+        with open(path, encoding='utf-8') as f:
+          other = json.load(f)
+      except (OSError, ValueError):
+        other = {}
+      if other == me:
+        return None
+      if other.get('host') == me['host'] and _alive(other.get('pid')):
+        return other
+      with contextlib.suppress(FileNotFoundError):  # another process may have removed it first
+        os.remove(path)
+      continue
+    with os.fdopen(fd, 'w', encoding='utf-8') as f:
+      json.dump(me, f)
+    return None
+  return {'host': '?', 'pid': '?'}  # lost a race for it twice: leave it to the other process
+
+
+def release(where: str) -> None:
+  with contextlib.suppress(FileNotFoundError):
+    os.remove(os.path.join(where, 'running.json'))
+
+
+def pin(job: int, jobs: int) -> None:
+  """Restricts this process to the ``job``-th of ``jobs`` equal shares of the CPU cores it may use
+  (nothing where the platform cannot, or with fewer cores than jobs)."""
+  if not hasattr(os, 'sched_setaffinity'):
+    return
+  cpus = sorted(os.sched_getaffinity(0))
+  if jobs > len(cpus):
+    return
+  os.sched_setaffinity(0, cpus[job * len(cpus) // jobs:(job + 1) * len(cpus) // jobs])
+
+
+def machine() -> dict:
+  import jax
+  d = jax.devices()[0]
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      cpu = next(line.split(':', 1)[1].strip() for line in f if line.startswith('model name'))
+  except (OSError, StopIteration):
+    pass
+  return {'platform': d.platform, 'device': d.device_kind, 'devices': jax.device_count(),
+          'cpu': cpu, 'cpu_count': os.cpu_count(),
+          'jax': jax.__version__, 'python': platform.python_version()}
+
+
+@contextlib.contextmanager
+def _progress_to(path: str, console: bool = True):
+  """Writes the run's progress lines (start-up, loss, images/s, ETA, evaluations) into its own log file
+  (appended: an interrupted run's pieces follow one another) and, unless ``console`` is False (a --jobs
+  helper, whose lines would interleave with the first process's), also wherever logging goes."""
+  import logging as logging_std
+  from absl import logging
+  from jaxdecouple.writers import quiet_library_logs
+  handler = logging_std.FileHandler(path, encoding='utf-8')
+  handler.setFormatter(logging_std.Formatter('%(asctime)s %(message)s', '%Y-%m-%d %H:%M:%S'))
+  quiet_library_logs(handler)
+  logger, verbosity = logging.get_absl_logger(), logging.get_verbosity()
+  propagate = logger.propagate
+  logger.addHandler(handler)
+  logger.propagate = propagate and console
+  logging.set_verbosity(max(verbosity, logging.INFO))
+  try:
+    yield
+  finally:
+    logging.set_verbosity(verbosity)
+    logger.propagate = propagate
+    logger.removeHandler(handler)
+    handler.close()
+
+
+def whole_run_seconds(study: Study, workdir: str) -> list[float]:
+  """The wall times of the study's finished runs that ran from start to end in one call."""
+  seconds = []
+  for run in study.runs:
+    if is_finished(workdir, run):
+      with open(os.path.join(run_dir(workdir, run), 'finished.json'), encoding='utf-8') as f:
+        seconds += [s] if (s := json.load(f).get('whole_run_seconds')) else []
+  return seconds
+
+
+def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0,
+              time_limit_s: float = 0.0, log: Callable[[str], None] = print,
+              keep_checkpoints: bool = False, console: bool = True, finish_by_s: float = 0.0) -> dict:
+  """Runs the study's unfinished runs in order; returns counts of finished, run and left runs.
+
+  ``time_limit_s``: start no run after that many seconds. ``finish_by_s``: start no run that would not
+  end within that many seconds of the call's start, going by the longest of the study's runs that ran
+  whole (recorded in their finished.json, on whatever machine ran them); with none yet, the first run
+  starts. For machines that stop at a fixed time, where a run cut short loses its checkpoints.
+  A finished run's checkpoints are deleted unless ``keep_checkpoints`` (the report needs only its
+  metrics; a pipeline method's checkpoint holds the in-flight activations: 200-430 MB for ResNet-20)."""
+  from jaxdecouple.train import train_and_evaluate
+  start, ran = time.time(), 0
+  for i, run in enumerate(study.runs):
+    if is_finished(workdir, run):
+      continue
+    if (max_runs and ran >= max_runs) or (time_limit_s and time.time() - start > time_limit_s):
+      break
+    if finish_by_s and (took := whole_run_seconds(study, workdir)):
+      if time.time() - start + max(took) > finish_by_s:
+        log(f'{run.name} not started: a run has taken up to {max(took) / 60:.1f} min and '
+            f'{(finish_by_s - time.time() + start) / 60:.1f} of the {finish_by_s / 60:g} min are left')
+        break
+    where = run_dir(workdir, run)
+    os.makedirs(where, exist_ok=True)
+    holder = claim(where)
+    if holder:
+      log(f'[{i + 1}/{len(study.runs)}] {run.name}: being run by process {holder["pid"]}, passed over')
+      continue
+    try:
+      if is_finished(workdir, run):  # finished by another process since the check above
+        continue
+      with open(os.path.join(where, 'machines.jsonl'), 'a', encoding='utf-8') as f:
+        f.write(json.dumps({'date': datetime.datetime.now().isoformat(timespec='seconds'), **machine()}) + '\n')
+      log(f'[{i + 1}/{len(study.runs)}] {run.name} (progress: {os.path.join(where, "log.txt")})')
+      whole, began = not os.path.isdir(os.path.join(where, 'checkpoints')), time.time()
+      with _progress_to(os.path.join(where, 'log.txt'), console):
+        result = train_and_evaluate(run.config(data_path), where)
+      ran += 1
+      if not result.finished:  # stopped by SIGTERM: leave it to the next call
+        log(f'{run.name} stopped at step {result.step}; run the same command again to continue')
+        break
+      with open(os.path.join(where, 'finished.json'), 'w', encoding='utf-8') as f:
+        json.dump({'step': result.step, **(result.last_eval or {}),
+                   **({'whole_run_seconds': round(time.time() - began, 1)} if whole else {})}, f)
+      if not keep_checkpoints:
+        shutil.rmtree(os.path.join(where, 'checkpoints'), ignore_errors=True)
+    finally:
+      release(where)
+  done = sum(is_finished(workdir, r) for r in study.runs)
+  return {'finished': done, 'ran': ran, 'left': len(study.runs) - done}
