@@ -152,7 +152,7 @@ class _Run:
         self.state, _, st = pipeline.timed_step(self.state, self.batch(self.t), self.t)
         stage_times.append(st)
         self.t += 1
-      per_stage = [statistics.median(s[i] for s in stage_times) for i in range(self.k)]
+      per_stage = [statistics.median(s[i] for s in stage_times) for i in sorted(stage_times[0])]
       record['stage_seconds'] = [round(s, 5) for s in per_stage]
       record['predicted_speedup_on_k_devices'] = round(sum(per_stage) / max(per_stage), 3)
     return record

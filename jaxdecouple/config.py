@@ -85,11 +85,14 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.replica.num_devices = 0    # 0: as many as divide num_workers; workers then share devices
   c.replica.skip = 'gather'    # resist: how blocks a worker does not own are skipped: gather | cond
 
-  c.distributed = ml_collections.ConfigDict()  # several processes (hosts) in one run: replica methods
+  c.distributed = ml_collections.ConfigDict()  # several processes (hosts) in one run
   c.distributed.coordinator = ''   # '': one process; 'auto': jax.distributed.initialize() detects
                                    # (TPU pods, SLURM, ...); or 'HOST:PORT' with the two fields below
   c.distributed.num_processes = 1
   c.distributed.process_id = 0
+  c.distributed.transfer_address = ''  # pipeline methods: HOST:PORT where this process receives other
+                                       # stages' messages; '': this host's address toward the coordinator,
+                                       # port = the coordinator's + 1 + process_id
   return c
 
 
@@ -204,7 +207,12 @@ def validate(config) -> None:
       fail('distributed.num_processes', f'must be at least 2 with a coordinator, got {d.num_processes}')
     if not 0 <= d.process_id < d.num_processes:
       fail('distributed.process_id', f'must be in [0, {d.num_processes}), got {d.process_id}')
-  if d.coordinator and config.method not in ('resist', 'localsgd', 'ensemble'):
-    fail('distributed.coordinator', f'several processes run the replica methods (resist, localsgd, '
-         f'ensemble); {config.method} runs in one process')
+  if d.coordinator and config.method in ('bp', 'dp'):
+    fail('distributed.coordinator', f'several processes run the pipeline and replica methods; {config.method} '
+         'runs in one process')
+  if d.transfer_address and (':' not in d.transfer_address or not d.transfer_address.rsplit(':', 1)[1].isdigit()):
+    fail('distributed.transfer_address', f"must be '' (automatic) or HOST:PORT, got {d.transfer_address!r}")
+  if d.coordinator and config.pipeline.diagnose_every_steps:
+    fail('pipeline.diagnose_every_steps', 'compares stages with back-propagation on one device, so it runs in one '
+         'process; leave it at 0 in a multi-process run')
   methods.METHODS[config.method].validate(config)

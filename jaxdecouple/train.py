@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import time
 from typing import Any
 
@@ -120,13 +121,27 @@ def peak_memory(devices) -> dict[str, float]:
 
 
 class _StopSignal:
-  """Turns SIGTERM (preemption) into a clean stop after the current step, with a checkpoint."""
+  """Turns SIGTERM (preemption) into a clean stop after the current step, with a checkpoint. Across
+  processes, JAX's preemption service catches SIGTERM in whichever process receives it and the
+  processes agree on the step at which all of them stop (``poll``), so none is left waiting on a
+  transfer or collective from one that stopped."""
 
-  def __init__(self):
+  def __init__(self, processes: bool = False):
     self.requested = False
     self._previous = None
+    self._processes = processes
+
+  def poll(self, step: int) -> None:
+    """Call after every step with the number of steps done, in every process."""
+    if self._processes and not self.requested:
+      from jax.experimental import multihost_utils
+      if multihost_utils.reached_preemption_sync_point(step):
+        logging.warning('a process received SIGTERM: every process saves a checkpoint at step %d and stops', step)
+        self.requested = True
 
   def __enter__(self):
+    if self._processes:  # JAX's preemption notifier has the signal; a Python handler would take it away
+      return self
     try:
       self._previous = signal.signal(signal.SIGTERM, self._handler)
     except ValueError:  # not in the main thread (e.g. some notebook kernels): no handler
@@ -142,13 +157,31 @@ class _StopSignal:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-def start_processes(d) -> None:
+def transfer_address(d) -> str:
+  """Where this process receives pipeline messages from other processes: ``d.transfer_address``, or this
+  host's address on the route to the coordinator, port = the coordinator's + 1 + process id."""
+  if d.transfer_address:
+    return d.transfer_address
+  host, port = d.coordinator.rsplit(':', 1)
+  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # no packet is sent: it only picks the route
+    try:
+      s.connect((host, int(port)))
+      here = s.getsockname()[0]
+    except OSError:
+      here = socket.gethostbyname(socket.gethostname())
+  return f'{here}:{int(port) + 1 + d.process_id}'
+
+
+def start_processes(d, pipeline: bool = False) -> None:
   """Joins a multi-process run (config.distributed) before JAX computes anything; on CPUs the
-  collectives between processes go through gloo."""
+  collectives between processes go through gloo; pipeline stages in different processes send their
+  messages with JAX's cross-process transfers, which listen on ``transfer_address``."""
   if not d.coordinator or jax.distributed.is_initialized():
     return
   if jax.config.jax_platforms in (None, '', 'cpu'):
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  if pipeline and d.coordinator != 'auto':
+    jax.config.update('jax_cross_host_transfer_socket_address', transfer_address(d))
   if d.coordinator == 'auto':
     jax.distributed.initialize()
   else:
@@ -177,7 +210,7 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
   """
   config_lib.validate(config)
   use_cpu_devices(config.cpu_devices)
-  start_processes(config.distributed)
+  start_processes(config.distributed, pipeline=METHODS[config.method].pipelined)
   dataset = load_dataset(config.data, config.dataset)
   if config.batch_size > len(dataset.x_train):
     config_lib.fail('batch_size', f'{config.batch_size} exceeds the {len(dataset.x_train)} training '
@@ -198,7 +231,7 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
                spe, ', '.join(str(d) for d in setup.devices))
 
   state = method.init(jax.random.key(config.seed), method.train_batch(dataset.x_train, dataset.y_train, order, 0))
-  checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'), config.keep_checkpoints)
+  checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'), config.keep_checkpoints, per_process=method.pipelined)
   restored = checkpointer.restore_latest(state)
   start = 0
   if restored is not None:
@@ -260,7 +293,7 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
   batch_of = lambda m: method.train_batch(dataset.x_train, dataset.y_train, order, m)
 
   try:
-    with _StopSignal() as stop:
+    with _StopSignal(jax.process_count() > 1) as stop:
       for step in range(start, total_steps):
         batch = method.train_batch(dataset.x_train, dataset.y_train, order, step)
         if diagnose_every and step > start and step % diagnose_every == 0:
@@ -282,6 +315,7 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
           logging.info('first step (compilation included) took %.1f s', time.perf_counter() - run_start)
           pending, interval_start, interval_steps, epoch_start = [], time.perf_counter(), 0, time.perf_counter()
         done = step + 1
+        stop.poll(done)
         if done % config.log_every_steps == 0:
           flush_metrics(done)
         if done % eval_every == 0 or done == total_steps:

@@ -19,6 +19,7 @@ from jaxdecouple.data import Batch
 class Method(abc.ABC):
   name: ClassVar[str]
   scans_blocks: ClassVar[bool] = True  # whether config.scan_blocks applies (the replica engine unrolls)
+  pipelined: ClassVar[bool] = False  # a configuration of the pipeline engine (stages on devices)
 
   def __init__(self, setup: Setup):
     self.setup = setup

@@ -16,6 +16,7 @@ class PipelineMethod(Method):
   allowed_keeps: tuple[str, ...] = ('vjp', 'recompute')  # what pipeline.keep may say
   keep: str | None = None  # what a stage keeps of a forward, when the method fixes it (else pipeline.keep)
   accumulates = False  # whether pipeline.accumulation and pipeline.adl_mode mean anything here
+  pipelined = True
 
   def schedule(self, num_stages: int) -> Schedule:
     """How data and gradients flow (jaxdecouple/pipeline/schedule.py); FDG's by default."""
@@ -50,6 +51,13 @@ class PipelineMethod(Method):
     if n > len(available):
       fail('pipeline.num_devices', f'{n} devices asked for but only {len(available)} present')
     self._devices = available[:n]
+    if jax.process_count() > 1:  # every process must drive a stage, or it would only wait
+      owners = {self._devices[k % n].process_index for k in range(p.num_stages)}
+      if len(owners) < jax.process_count():
+        idle = sorted(set(range(jax.process_count())) - owners)
+        fail('pipeline.num_stages', f'{p.num_stages} stages on {n} devices ({len(available)} in all, '
+             f'{jax.local_device_count()} per process) leave process(es) {idle} of {jax.process_count()} without '
+             'a stage; use at least as many stages as processes, or fewer processes')
     self.pipeline: Pipeline | None = None  # built at init, when the input shape is known
 
   def _build(self, example: Batch) -> Pipeline:
@@ -73,7 +81,7 @@ class PipelineMethod(Method):
 
   def profiled_step(self, state, batch: Batch, step: int):
     state, metrics, seconds = self.pipeline.timed_step(state, batch, step)
-    profile = {f'stage{k}_seconds': round(s, 5) for k, s in enumerate(seconds)}
+    profile = {f'stage{k}_seconds': round(s, 5) for k, s in seconds.items()}  # across processes: this one's
     profile.update({f'stage{k}_sends_mb': round(b / 1e6, 4)
                     for k, b in enumerate(self.pipeline.message_bytes)})
     return state, metrics, profile

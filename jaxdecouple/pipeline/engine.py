@@ -35,6 +35,30 @@ from jaxdecouple.pipeline.splits import Split
 KEEPS = ('vjp', 'recompute', 'replay')
 
 
+def is_local(device: jax.Device) -> bool:
+  """Whether this process drives ``device`` (always, in a one-process run)."""
+  return device.process_index == jax.process_index()
+
+
+def place(tree, device: jax.Device):
+  """``tree`` on ``device``. Across processes every process keeps the whole pipeline's structure: a
+  stage's arrays are real on the process that owns its device and, on the others, arrays of the same
+  shape and placement that hold nothing here, so one driver runs everywhere. A jitted call on them
+  runs only where its device is, and ``jax.device_put`` between devices of different processes is
+  JAX's cross-process transfer: the sender sends, the receiver receives, the others skip it."""
+  if is_local(device):
+    return jax.device_put(tree, device)
+  sharding = jax.sharding.SingleDeviceSharding(device)
+  return jax.tree.map(lambda x: jax.make_array_from_single_device_arrays(np.shape(x), sharding, [],
+                                                                         dtype=x.dtype), tree)
+
+
+def move(tree, device: jax.Device):
+  """Device arrays to ``device`` (across processes, a transfer where they live elsewhere); arrays already
+  there stay (a put of another process's array onto its own device is not a no-op in JAX)."""
+  return jax.tree.map(lambda x: x if x.devices() == {device} else jax.device_put(x, device), tree)
+
+
 class StageState(NamedTuple):
   params: Any
   batch_stats: Any
@@ -236,8 +260,8 @@ class Pipeline:
         head = stage.head.init(jax.random.fold_in(rng, 1000 + k), jnp.zeros((1, *y.shape[1:]), y.dtype), train=False)
         aux = (head['params'], head['batch_stats'], self.optimizer.init(head['params']))
       accum = zeros(params) if self.schedule.accumulation > 1 else ()
-      states.append(jax.device_put(StageState(params, stats, self.optimizer.init(params), ring, inbox, grad_inbox,
-                                              accum, aux), stage.device))
+      states.append(place(StageState(params, stats, self.optimizer.init(params), ring, inbox, grad_inbox,
+                                     accum, aux), stage.device))
       x = y
     return PipelineState(tuple(states))
 
@@ -270,9 +294,9 @@ class Pipeline:
     for k, (stage, st) in enumerate(zip(self.stages, state.stages)):
       fb, bb = s.forward_batch(k, t), s.backward_batch(k, t)
       if k == 0:
-        x, labels = jax.device_put((batch.images, batch.labels), stage.device)
+        x, labels = place((batch.images, batch.labels), stage.device)
       elif s.forward_locked:
-        x, labels = jax.device_put(up[k - 1][1], stage.device) if fb is not None else (None, None)
+        x, labels = move(up[k - 1][1], stage.device) if fb is not None else (None, None)
       else:
         x, labels = st.inbox
         if fb is not None:
@@ -294,16 +318,25 @@ class Pipeline:
     for k, stage in enumerate(self.stages):  # the exchange
       if k - 1 in up and not s.forward_locked:
         self._tags['up', k], message = up[k - 1]
-        new_states[k] = new_states[k]._replace(inbox=jax.device_put(message, stage.device))
+        new_states[k] = new_states[k]._replace(inbox=move(message, stage.device))
       if k + 1 in down:
         self._tags['down', k], message = down[k + 1]
-        new_states[k] = new_states[k]._replace(grad_inbox=(jax.device_put(message, stage.device),))
+        new_states[k] = new_states[k]._replace(grad_inbox=(move(message, stage.device),))
+    if jax.process_count() > 1 and metrics:  # to process 0, which writes them
+      metrics = move(metrics, jax.devices()[0])
+      metrics = metrics if is_local(jax.devices()[0]) else {}
     return PipelineState(tuple(new_states)), metrics
 
   def eval_variables(self, state: PipelineState) -> dict:
-    device = self.devices[0]
-    return relayout([jax.device_put({'params': st.params, 'batch_stats': st.batch_stats}, device)
-                     for st in state.stages], self.model.chain, self.image_shape)
+    """The whole model's variables on this process's first device (across processes, every process
+    receives every stage's parameters: each evaluates the same model)."""
+    copies = {}
+    for device in ([self.devices[0]] if jax.process_count() == 1 else
+                   [next(d for d in jax.devices() if d.process_index == p) for p in range(jax.process_count())]):
+      copies[device] = [move({'params': st.params, 'batch_stats': st.batch_stats}, device)
+                        for st in state.stages]
+    mine = next(parts for device, parts in copies.items() if is_local(device))
+    return relayout(mine, self.model.chain, self.image_shape)
 
   @functools.cached_property
   def _diagnostics(self):
@@ -362,7 +395,8 @@ class Pipeline:
     for k, (stage, st) in enumerate(zip(self.stages, state.stages)):
       names = stage.chain.names
       lines.append(
-          f'  stage {k} on {stage.device}: blocks {names[0]}..{names[-1]} ({len(names)}), '
+          f'  stage {k} on {stage.device}'
+          + (f' (process {stage.device.process_index})' if jax.process_count() > 1 else '') + f': blocks {names[0]}..{names[-1]} ({len(names)}), '
           f'{count_params(st.params) / 1e6:.3f}M params, est. {costs[k] / 1e6:.1f} MFLOP/8 images '
           f'({100 * costs[k] / total:.0f}%), delay {s.delay(k)}, staleness {s.staleness(k):.2f} updates, '
           f'first update at iteration {s.first_update(k)}'
@@ -382,13 +416,14 @@ class Pipeline:
 
     A stage's time is its completion time minus the completion of the stage before it on the same
     device (stages sharing a device run one after another in dispatch order). Returns (state,
-    metrics, seconds per stage). Used every few hundred steps for the logs and by the benchmarks: it
+    metrics, {stage: seconds}) for the stages this process drives (all, in one process). Used every few hundred steps for the logs and by the benchmarks: it
     waits for the devices, so it is not how the ordinary steps run.
     """
     jax.block_until_ready(state)
     start = time.perf_counter()
     new_state, metrics = self.step(state, batch, t)
-    pending = {k: jax.tree.leaves((s.params, s.batch_stats, s.ring)) for k, s in enumerate(new_state.stages)}
+    pending = {k: jax.tree.leaves((s.params, s.batch_stats, s.ring)) for k, s in enumerate(new_state.stages)
+               if is_local(self.devices[k])}  # across processes: the stages this one drives
     done: dict[int, float] = {}
     while pending:
       for k in list(pending):
@@ -401,4 +436,4 @@ class Pipeline:
       device = self.devices[k]
       own.append((k, done[k] - last_on_device.get(device, 0.0)))
       last_on_device[device] = done[k]
-    return new_state, metrics, [t for _, t in sorted(own)]
+    return new_state, metrics, dict(sorted(own))

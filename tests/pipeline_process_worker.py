@@ -1,0 +1,71 @@
+"""One process of tests/test_pipeline_processes.py: joins a 2-process run and trains pipeline methods with
+their stages spread over the processes, saving each run's final model.
+
+  python pipeline_process_worker.py PROCESS_ID PORT DEVICES WORKDIR OUT RUN [RUN ...]
+
+PROCESS_ID -1 runs the same alone, in one process with DEVICES devices: the reference (XLA:CPU's numbers
+depend on how many devices a process splits the cores into, so the reference is a process too).
+
+RUN is NAME:METHOD:K:STEPS[:die=P@S] (die: process P kills itself right after its checkpoint at step S
+is written, as a crashed machine would)."""
+import os
+import signal
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def pipeline_config(method: str, k: int, steps: int):
+  """The run both sides compare (conftest is not imported here: it would ask for 4 CPU devices)."""
+  from jaxdecouple.config import get_default_config
+  c = get_default_config()
+  c.method, c.model, c.dataset, c.max_steps = method, 'resnet8', 'cifar10', steps
+  c.data.source, c.data.synthetic_train_size, c.data.synthetic_test_size = 'synthetic', 256, 64
+  c.batch_size, c.eval_batch_size, c.num_epochs, c.optim.milestones = 16, 64, 2, (1,)
+  c.log_every_steps = c.checkpoint_every_steps = 2
+  c.pipeline.num_stages, c.optim.learning_rate = k, 0.05
+  c.pipeline.beta = 1.0 if method == 'dgl' else 0.5
+  if method == 'adl':
+    c.pipeline.accumulation = 2
+  return c
+
+
+def main(process_id: int, port: int, workdir: str, out: str, runs: list[str]):
+  from jaxdecouple.checkpoint import Checkpointer
+  from jaxdecouple.train import train_and_evaluate
+  for spec in runs:
+    name, method, k, steps, *extra = spec.split(':')
+    who, _, when = extra[0].removeprefix('die=').partition('@') if extra else ('', '', '')
+    die_at = int(when) if who and int(who) == process_id else 0
+    if die_at:
+      save = Checkpointer.save
+
+      def save_then_die(self, step, state, save=save):
+        save(self, step, state)
+        if step == die_at:
+          self.wait()
+          os.kill(os.getpid(), signal.SIGKILL)
+      Checkpointer.save = save_then_die
+    config = pipeline_config(method, int(k), int(steps))
+    if process_id >= 0:
+      config.distributed.coordinator = f'127.0.0.1:{port}'
+      config.distributed.num_processes, config.distributed.process_id = 2, process_id
+    result = train_and_evaluate(config, os.path.join(workdir, name))
+    leaves = jax.tree_util.tree_flatten_with_path(result.variables)[0]
+    np.savez(f'{out}_{name}.npz', **{jax.tree_util.keystr(p): np.asarray(x) for p, x in leaves},
+             __step__=np.array(result.step), __accuracy__=np.array(result.last_eval['test_accuracy']))
+  print('worker done', flush=True)
+
+
+if __name__ == '__main__':
+  if os.environ.get('WORKER_DEBUG'):
+    import faulthandler
+    from absl import logging
+    logging.set_verbosity(logging.INFO)
+    logging.use_absl_handler()
+    faulthandler.dump_traceback_later(int(os.environ['WORKER_DEBUG']), exit=True)
+  jax.config.update('jax_num_cpu_devices', int(sys.argv[3]))  # before JAX starts
+  main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[4], sys.argv[5], sys.argv[6:])

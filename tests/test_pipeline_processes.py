@@ -1,0 +1,117 @@
+"""Pipeline methods with their stages in different processes (jax.distributed on loopback, JAX's
+cross-process transfers between stages) give the one-process numbers, bit for bit, and survive faults."""
+import glob
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The workers and the reference compile the same stage programs: one compilation cache for all of them.
+ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': '', 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
+       'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0',
+       'JAX_COMPILATION_CACHE_DIR': tempfile.mkdtemp(prefix='jaxdecouple-pipeline-processes-')}
+sys.path.insert(0, HERE)
+from test_multiprocess import free_port  # noqa: E402
+
+
+def start(tmp_path, devices: int, runs: list[str], tag: str = 'p', port: int | None = None):
+  port = port or free_port()
+  return [subprocess.Popen([sys.executable, os.path.join(HERE, 'pipeline_process_worker.py'), str(i), str(port),
+                            str(devices), str(tmp_path / 'w'), str(tmp_path / f'{tag}{i}'), *runs], env=ENV,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+
+
+def finish(procs, timeout=300):
+  try:
+    logs = [p.communicate(timeout=timeout)[0] for p in procs]
+  finally:
+    for p in procs:  # JAX's preemption service takes SIGTERM: only SIGKILL stops a stuck worker
+      p.kill()
+  return [p.returncode for p in procs], '\n'.join(log[-4000:] for log in logs)
+
+
+def one_process(tmp_path, devices: int, runs: list[str]):
+  """The same runs alone in one process with ``devices`` CPU devices (files ref_NAME.npz). A process,
+  not this one: XLA:CPU's numbers depend on how many devices a process splits the cores into (this
+  one has 4), not on which of them a stage runs on."""
+  proc = subprocess.run([sys.executable, os.path.join(HERE, 'pipeline_process_worker.py'), '-1', '0', str(devices),
+                         str(tmp_path / 'single'), str(tmp_path / 'ref'), *runs], env=ENV, capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def assert_same(path, reference):
+  got, want = np.load(path), np.load(reference)
+  assert sorted(got.files) == sorted(want.files)
+  for key in want.files:
+    if key != '__accuracy__':
+      np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+  assert float(got['__accuracy__']) == float(want['__accuracy__'])
+
+
+def test_every_pipeline_method_over_two_processes_matches_one_process(tmp_path):
+  """K = 2, one CPU device per process: stage 0 in process 0, stage 1 in process 1."""
+  runs = [f'{m}:{m}:2:6' for m in ('fdg', 'adl', 'ddg', 'fr', 'dgl')]
+  procs = start(tmp_path, 1, runs)
+  one_process(tmp_path, 2, runs)
+  codes, logs = finish(procs)
+  assert codes == [0, 0], logs
+  for run in runs:
+    name = run.split(':')[0]
+    for i in range(2):  # both processes evaluate the whole model, received from its stages
+      assert_same(tmp_path / f'p{i}_{name}.npz', tmp_path / f'ref_{name}.npz')
+  assert os.path.exists(tmp_path / 'w' / 'fdg' / 'metrics.jsonl')  # written by process 0
+  assert sorted(os.listdir(tmp_path / 'w' / 'fdg' / 'checkpoints')) == ['process_0', 'process_1']
+
+
+def test_four_stages_over_two_processes_of_two_devices(tmp_path):
+  procs = start(tmp_path, 2, ['fdg4:fdg:4:8'])
+  one_process(tmp_path, 2, ['fdg4:fdg:4:8'])  # 4 stages on 2 devices
+  codes, logs = finish(procs)
+  assert codes == [0, 0], logs
+  assert_same(tmp_path / 'p0_fdg4.npz', tmp_path / 'ref_fdg4.npz')
+  assert_same(tmp_path / 'p1_fdg4.npz', tmp_path / 'ref_fdg4.npz')
+
+
+def test_a_killed_process_and_a_sigterm_resume_exactly(tmp_path):
+  """Process 1 dies right after its checkpoint at step 4 (kill -9) and process 0 is killed too; both
+  restart and resume. Then a SIGTERM to process 1 alone stops both at the same step with a checkpoint,
+  and a restart finishes. The end equals an uninterrupted run in one process."""
+  steps, ckpt = 60, tmp_path / 'w' / 'r' / 'checkpoints'
+  procs = start(tmp_path, 1, [f'r:fdg:2:{steps}:die=1@4'])
+  assert procs[1].wait(timeout=300) == -signal.SIGKILL
+  procs[0].kill()  # left waiting for its dead neighbour's messages
+  procs[0].communicate()
+  assert '4.npz' in os.listdir(ckpt / 'process_1')
+
+  procs = start(tmp_path, 1, [f'r:fdg:2:{steps}'])  # resumes at step 4 (the newest both processes have)
+  deadline = time.time() + 300
+  while not [f for f in glob.glob(str(ckpt / 'process_1' / '*.npz')) if int(os.path.basename(f)[:-4]) >= 10]:
+    assert time.time() < deadline and procs[1].poll() is None, finish(procs)[1]
+    time.sleep(0.05)
+  procs[1].send_signal(signal.SIGTERM)  # one process only
+  codes, logs = finish(procs)
+  assert codes == [0, 0], logs
+  stopped = [int(np.load(tmp_path / f'p{i}_r.npz')['__step__']) for i in range(2)]
+  assert stopped[0] == stopped[1] < steps, stopped  # the same step in both
+  for i in range(2):
+    assert f'{stopped[0]}.npz' in os.listdir(ckpt / f'process_{i}')
+
+  procs = start(tmp_path, 1, [f'r:fdg:2:{steps}'], tag='end')
+  one_process(tmp_path, 2, [f'r:fdg:2:{steps}'])
+  codes, logs = finish(procs)
+  assert codes == [0, 0], logs
+  assert_same(tmp_path / 'end0_r.npz', tmp_path / 'ref_r.npz')
+  assert_same(tmp_path / 'end1_r.npz', tmp_path / 'ref_r.npz')
+
+
+def test_a_layout_that_leaves_a_process_idle_stops_at_start_up(tmp_path):
+  codes, logs = finish(start(tmp_path, 2, ['one:fdg:1:2']))  # K = 1: process 1 would hold no stage
+  assert codes != [0, 0]
+  assert 'pipeline.num_stages' in logs and 'without a stage' in logs
