@@ -1,0 +1,138 @@
+"""A pipeline across processes on one machine: FDG K = 2 with each stage in its own process pinned to one
+core (jax.distributed on loopback, JAX's cross-process transfers between the stages), against BP in one
+process on one core and on two.
+
+  python benchmarks/pipeline_processes.py --model=resnet56 --batch=128 --warmup=4 --iters=10
+
+Every run is a fresh set of processes, pinned with sched_setaffinity before JAX starts (XLA:CPU then
+sizes its thread pools to the cores it may use). A timed iteration waits for the results of the stages
+the timing process drives; in the 2-process run each process times its own loop (the transfers keep
+the two in step) and the slower one counts; then --iters more iterations are timed as training runs
+them, waiting only at the end ("streamed": the host dispatches ahead, transfers overlap compute). Prints one JSON line per run, then a markdown table with
+images/s and the ratio to BP on one core (target: FDG K = 2 over 2 single-core processes >= 1.5x).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0], epilog=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--model', default='resnet56')
+  p.add_argument('--batch', type=int, default=128)
+  p.add_argument('--warmup', type=int, default=4, help='untimed iterations (compilation, pipeline fill)')
+  p.add_argument('--iters', type=int, default=10, help='timed iterations')
+  p.add_argument('--role', default='', help=argparse.SUPPRESS)  # bp | stage:PROCESS_ID:PORT (a child)
+  p.add_argument('--json_out', default='', help='also append the JSON lines to this file')
+  return p.parse_args(argv)
+
+
+def child(args) -> dict:
+  """One process of a run: builds the method, warms up, times --iters iterations."""
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  import jax
+  jax.config.update('jax_num_cpu_devices', 1)
+  from jaxdecouple.config import get_default_config
+  from jaxdecouple.data import TrainOrder, load_dataset
+  from jaxdecouple.methods import METHODS
+  from jaxdecouple.train import build_setup, start_processes
+  c = get_default_config()
+  c.model, c.batch_size, c.data.source = args.model, args.batch, 'synthetic'
+  c.data.synthetic_train_size, c.data.synthetic_test_size = args.batch * 8, 8
+  c.method = 'bp'
+  if args.role.startswith('stage'):
+    _, pid, port = args.role.split(':')
+    c.method, c.pipeline.num_stages = 'fdg', 2
+    c.distributed.coordinator, c.distributed.num_processes, c.distributed.process_id = f'127.0.0.1:{port}', 2, int(pid)
+    start_processes(c.distributed, pipeline=True)
+  ds = load_dataset(c.data, c.dataset)
+  m = METHODS[c.method](build_setup(c, ds))
+  order = TrainOrder(len(ds.x_train), c.batch_size, c.seed)
+  state = m.init(jax.random.key(0), m.train_batch(ds.x_train, ds.y_train, order, 0))
+  mine = lambda s: [x for x in jax.tree.leaves(s) if x.is_fully_addressable]  # this process's arrays
+  times = []
+  for t in range(args.warmup + args.iters):
+    start = time.perf_counter()
+    state, _ = m.step(state, m.train_batch(ds.x_train, ds.y_train, order, t), t)
+    jax.block_until_ready(mine(state))
+    if t >= args.warmup:
+      times.append(time.perf_counter() - start)
+  start, first = time.perf_counter(), args.warmup + args.iters  # as training runs: no wait per iteration
+  for t in range(first, first + args.iters):
+    state, _ = m.step(state, m.train_batch(ds.x_train, ds.y_train, order, t), t)
+  jax.block_until_ready(mine(state))
+  return {'seconds_per_iter': round(statistics.median(times), 5),
+          'streamed_seconds_per_iter': round((time.perf_counter() - start) / args.iters, 5),
+          'process': jax.process_index(), 'cores': sorted(os.sched_getaffinity(0))}
+
+
+def launch(args, role: str, cores: list[int]) -> subprocess.Popen:
+  cmd = [sys.executable, os.path.abspath(__file__), f'--model={args.model}', f'--batch={args.batch}',
+         f'--warmup={args.warmup}', f'--iters={args.iters}', f'--role={role}']
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          preexec_fn=lambda: os.sched_setaffinity(0, cores))
+
+
+def result(procs) -> list[dict]:
+  out = []
+  for p in procs:
+    stdout, stderr = p.communicate(timeout=1800)
+    if p.returncode:
+      for q in procs:
+        q.kill()
+      raise SystemExit(f'pipeline_processes.py: a process failed:\n{stderr[-3000:]}')
+    out.append(json.loads(next(l for l in stdout.splitlines() if l.startswith('{'))))
+  return out
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  if args.role:
+    print(json.dumps(child(args)), flush=True)
+    return None
+  cores = sorted(os.sched_getaffinity(0))
+  if len(cores) < 2:
+    raise SystemExit('pipeline_processes.py needs 2 cores (one per stage process)')
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+  runs = [('bp', '1 process, 1 core', lambda: [launch(args, 'bp', cores[:1])]),
+          ('bp', '1 process, 2 cores', lambda: [launch(args, 'bp', cores[:2])]),
+          ('fdg K=2', '2 processes, 1 core each',
+           lambda: [launch(args, f'stage:{i}:{port}', [cores[i]]) for i in range(2)])]
+  records = []
+  for name, where, start in runs:  # one after another: every run has the machine to itself
+    got = result(start())
+    seconds, streamed = (max(r[k] for r in got) for k in ('seconds_per_iter', 'streamed_seconds_per_iter'))
+    records.append({'model': args.model, 'batch': args.batch, 'run': name, 'where': where,
+                    'seconds_per_iter': seconds, 'images_per_sec': round(args.batch / seconds, 1),
+                    'streamed_seconds_per_iter': streamed,
+                    'streamed_images_per_sec': round(args.batch / streamed, 1)})
+  for r in records:
+    r['vs_bp_1_core'] = round(r['images_per_sec'] / records[0]['images_per_sec'], 3)
+    r['streamed_vs_bp_1_core'] = round(r['streamed_images_per_sec'] / records[0]['streamed_images_per_sec'], 3)
+    print(json.dumps(r), flush=True)
+    if args.json_out:
+      with open(args.json_out, 'a', encoding='utf-8') as f:
+        f.write(json.dumps(r) + '\n')
+  print('\n| run | processes and cores | s/iter (median, waiting each) | images/s | vs BP on 1 core | '
+        's/iter streamed | images/s | vs BP on 1 core |')
+  print('|---|---|---|---|---|---|---|---|')
+  for r in records:
+    print(f"| {r['run']} | {r['where']} | {r['seconds_per_iter']:.4f} | {r['images_per_sec']:.1f} | "
+          f"{r['vs_bp_1_core']:.3f} | {r['streamed_seconds_per_iter']:.4f} | {r['streamed_images_per_sec']:.1f} | "
+          f"{r['streamed_vs_bp_1_core']:.3f} |")
+  return records
+
+
+if __name__ == '__main__':
+  main()
