@@ -65,6 +65,8 @@ def test_runs_in_pieces_resumes_and_reports(tmp_path):
   assert f'| ResNet-8, K=2 | {target:.2f} | ' in text
   # FDG's staleness diagnostics are drawn only where runs recorded them (tiny's do not)
   assert 'staleness.png' not in text and 'Best test accuracy' not in text
+  # and whether training levelled off: the last epoch's error minus the one at 80% of the epochs (epoch 2 of 2)
+  assert 'Levelled off?' in text and '| ResNet-8, K=2 | +0.00 | +0.00 |' in text
 
   # Another study that shows these runs again (same folders) runs nothing and reports the same figures.
   again = study_lib.Study('again', 'Again', 'synthetic', 'same', tuple(

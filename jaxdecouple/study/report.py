@@ -126,6 +126,25 @@ def _best_accuracy(study: Study, workdir: str) -> list[str]:
   return lines + ['']
 
 
+def _levelling(study: Study, workdir: str) -> list[str]:
+  """Whether training ran its course: each column's test error at the end minus at 80% of the epochs."""
+  from jaxdecouple.plots import learning_curves
+  lines = ['Levelled off? The test error at the last epoch minus the one at 80% of the epochs (points; median '
+           'over the finished seeds): near zero when the last 20% of the schedule no longer changes it.', '',
+           '| row | ' + ' | '.join(study.columns) + ' |', '|' + '---|' * (1 + len(study.columns))]
+  for row in study.rows:
+    finished, cells = _finished_by_column(study, workdir, row), [row]
+    for col in study.columns:
+      changes = []
+      for r in finished.get(col, []):
+        curves = learning_curves(run_dir(workdir, r))
+        at = next(i for i, e in enumerate(curves['epoch']) if e >= 0.8 * curves['epoch'][-1] - 1e-9)
+        changes.append(curves['test_error'][-1] - curves['test_error'][at])
+      cells.append(f'{statistics.median(changes):+.2f}' if changes else '-')
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  return lines + ['']
+
+
 def _time_to_target(study: Study, workdir: str) -> list[str]:
   """Per row, the training seconds each column took to reach the row's target error: the highest of the
   columns' median final errors, which every column reaches."""
@@ -227,7 +246,7 @@ def report(study: Study, workdir: str, results_path: str, figures_dir: str, comm
   if study.best_accuracy and done:
     lines += _best_accuracy(study, workdir)
   if done:
-    lines += _time_to_target(study, workdir)
+    lines += _levelling(study, workdir) + _time_to_target(study, workdir)
   return '\n'.join(lines + _figures(study, workdir, results_path, figures_dir))
 
 
