@@ -180,7 +180,7 @@ def start_processes(d, pipeline: bool = False) -> None:
     return
   if jax.config.jax_platforms in (None, '', 'cpu'):
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  if pipeline and d.coordinator != 'auto':
+  if pipeline and (d.transfer_address or d.coordinator != 'auto'):  # with 'auto', only when given
     jax.config.update('jax_cross_host_transfer_socket_address', transfer_address(d))
   if d.coordinator == 'auto':
     jax.distributed.initialize()

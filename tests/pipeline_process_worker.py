@@ -61,11 +61,5 @@ def main(process_id: int, port: int, workdir: str, out: str, runs: list[str]):
 
 
 if __name__ == '__main__':
-  if os.environ.get('WORKER_DEBUG'):
-    import faulthandler
-    from absl import logging
-    logging.set_verbosity(logging.INFO)
-    logging.use_absl_handler()
-    faulthandler.dump_traceback_later(int(os.environ['WORKER_DEBUG']), exit=True)
   jax.config.update('jax_num_cpu_devices', int(sys.argv[3]))  # before JAX starts
   main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[4], sys.argv[5], sys.argv[6:])

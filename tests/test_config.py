@@ -86,3 +86,21 @@ def test_cli_bad_override_is_one_line(override, message, tmp_path):
   result = run_main('--config=configs/quickstart.py', f'--workdir={tmp_path}', override)
   assert result.returncode == 2
   assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith(message)
+
+
+@pytest.mark.parametrize('overrides,message', [
+    ({'method': 'bp', 'distributed.coordinator': 'h:1', 'distributed.num_processes': 2},
+     'config.distributed.coordinator: several processes run the pipeline and replica methods; bp runs in one'),
+    ({'method': 'fdg', 'distributed.coordinator': 'auto'}, 'config.distributed.transfer_address: is required'),
+    ({'method': 'fdg', 'distributed.coordinator': 'h:1', 'distributed.num_processes': 2,
+      'distributed.transfer_address': 'nohost'}, 'config.distributed.transfer_address: must be'),
+    ({'method': 'fdg', 'distributed.coordinator': 'h:1', 'distributed.num_processes': 2,
+      'pipeline.diagnose_every_steps': 5}, 'config.pipeline.diagnose_every_steps: .* runs in one process'),
+])
+def test_bad_multi_process_settings_name_the_field(overrides, message):
+  with pytest.raises(ConfigError, match=message):
+    validate(tiny_config(**overrides))
+
+
+def test_pipeline_methods_may_run_over_processes():
+  validate(tiny_config(**{'method': 'fdg', 'distributed.coordinator': 'h:1', 'distributed.num_processes': 2}))
