@@ -15,3 +15,7 @@ class DataError(JaxDecoupleError):
 
 class CheckpointError(JaxDecoupleError):
   """No checkpoint in the work directory can be restored for this config."""
+
+
+class DivergenceError(JaxDecoupleError):
+  """The loss or the parameters stopped being finite: the run stops, its last finite checkpoint kept."""

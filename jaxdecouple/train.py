@@ -21,6 +21,7 @@ from absl import logging
 from jaxdecouple import config as config_lib
 from jaxdecouple.checkpoint import Checkpointer
 from jaxdecouple.data import Preprocess, TrainOrder, load_dataset, normalize
+from jaxdecouple.errors import DivergenceError
 from jaxdecouple.methods import METHODS, Method, Setup
 from jaxdecouple.models import build_model, count_params
 from jaxdecouple.optim import make_optimizer, make_schedule
@@ -140,21 +141,32 @@ class _StopSignal:
         self.requested = True
 
   def __enter__(self):
-    if self._processes:  # JAX's preemption notifier has the signal; a Python handler would take it away
-      return self
-    try:
-      self._previous = signal.signal(signal.SIGTERM, self._handler)
-    except ValueError:  # not in the main thread (e.g. some notebook kernels): no handler
-      self._previous = None
+    """Installed for the whole run and removed only after the last checkpoint is written, so any number
+    of SIGTERMs (or Ctrl-Cs) saves once and stops once."""
+    self._previous = {}
+    for sig in (signal.SIGINT,) if self._processes else (signal.SIGTERM, signal.SIGINT):
+      try:  # across processes JAX's preemption notifier has SIGTERM; a Python handler would take it away
+        self._previous[sig] = signal.signal(sig, self._handler)
+      except ValueError:  # not in the main thread (e.g. some notebook kernels): no handler
+        pass
     return self
 
   def _handler(self, signum, frame):
-    logging.warning('SIGTERM received: saving a checkpoint and stopping after this step')
+    if not self.requested:
+      logging.warning('%s received: saving a checkpoint and stopping after this step',
+                      signal.Signals(signum).name)
     self.requested = True
 
   def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for sig, previous in self._previous.items():
+      signal.signal(sig, previous)
+
+
+def _finite(state) -> bool:
+  """Whether every floating-point array of the state this process holds is finite (one scalar each)."""
+  checks = [jnp.isfinite(x).all() for x in jax.tree.leaves(state)
+            if x.is_fully_addressable and jnp.issubdtype(x.dtype, jnp.inexact)]
+  return all(bool(c) for c in jax.device_get(checks))
 
 
 def transfer_address(d) -> str:
@@ -211,6 +223,11 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
   config_lib.validate(config)
   use_cpu_devices(config.cpu_devices)
   start_processes(config.distributed, pipeline=METHODS[config.method].pipelined)
+  with _StopSignal(jax.process_count() > 1) as stop:
+    return _train(config, workdir, stop)
+
+
+def _train(config, workdir: str, stop: _StopSignal) -> RunResult:
   dataset = load_dataset(config.data, config.dataset)
   if config.batch_size > len(dataset.x_train):
     config_lib.fail('batch_size', f'{config.batch_size} exceeds the {len(dataset.x_train)} training '
@@ -253,6 +270,15 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
   epoch_start = time.perf_counter()
   run_start = time.perf_counter()
 
+  def diverged(step: int, what: str):
+    checkpointer.wait()
+    steps = checkpointer.all_steps()
+    raise DivergenceError(
+        f'{what} at step {step}: training diverged. '
+        + (f'The last finite checkpoint, step {steps[-1]}, is kept in {workdir}: lower optim.learning_rate (or '
+           'add a warm-up) and run again with the same --workdir to resume from it, or use another --workdir'
+           if steps else f'No checkpoint was written; lower optim.learning_rate or add a warm-up'))
+
   def flush_metrics(step: int) -> None:
     nonlocal interval_start, interval_steps, pending
     values = [m for m in jax.device_get(pending) if m]
@@ -261,6 +287,8 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
     rate = interval_steps * config.batch_size / elapsed if elapsed > 0 else 0.0
     if values:
       means = {k: float(np.mean([v[k] for v in values if k in v])) for k in values[-1]}
+      if not np.isfinite(means.get('train_loss', 0.0)):  # read here anyway: the hot loop never waits for it
+        diverged(step, f"the training loss is {means['train_loss']}")
       eta = (total_steps - step) * elapsed / max(interval_steps, 1)
       writer.write('train', step, epoch=round(step / spe, 4), images_per_sec=round(rate, 1), **means)
       logging.info('step %d/%d (epoch %.2f): loss %.4f, lr %.4g, %.0f images/s, ETA %s', step,
@@ -292,41 +320,47 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
   diagnose_every = config.pipeline.diagnose_every_steps
   batch_of = lambda m: method.train_batch(dataset.x_train, dataset.y_train, order, m)
 
+  if stop.requested:
+    logging.warning('stopped during start-up, before training; run again with the same --workdir')
+    checkpointer.close()
+    writer.close()
+    return RunResult(method, state, start, None, workdir, total_steps)
   try:
-    with _StopSignal(jax.process_count() > 1) as stop:
-      for step in range(start, total_steps):
-        batch = method.train_batch(dataset.x_train, dataset.y_train, order, step)
-        if diagnose_every and step > start and step % diagnose_every == 0:
-          t = time.perf_counter()
-          figures = method.diagnose(state, batch_of, step)
-          writer.write('diagnose', step, epoch=round(step / spe, 4), **figures)
-          logging.info('diagnose at step %d: %s', step, ', '.join(f'{k} {v}' for k, v in figures.items()))
-          paused = time.perf_counter() - t  # not training time
-          interval_start, epoch_start = interval_start + paused, epoch_start + paused
-        if config.profile_every_steps and (step + 1) % config.profile_every_steps == 0:
-          state, metrics, profile = method.profiled_step(state, batch, step)
-          log_profile(step + 1, profile)
-        else:
-          state, metrics = method.step(state, batch, step)
-        pending.append(metrics)
-        interval_steps += 1
-        if step == start:  # exclude compilation from the throughput figures
-          jax.block_until_ready(state)
-          logging.info('first step (compilation included) took %.1f s', time.perf_counter() - run_start)
-          pending, interval_start, interval_steps, epoch_start = [], time.perf_counter(), 0, time.perf_counter()
-        done = step + 1
-        stop.poll(done)
-        if done % config.log_every_steps == 0:
-          flush_metrics(done)
-        if done % eval_every == 0 or done == total_steps:
-          last_eval = run_eval(done)
-        if (config.checkpoint_every_steps and done % config.checkpoint_every_steps == 0) \
-            or done == total_steps or stop.requested:
-          checkpointer.save(done, state)
-        step = done
-        if stop.requested:
-          logging.warning('stopped at step %d; run again with the same --workdir to resume', done)
-          break
+    for step in range(start, total_steps):
+      batch = method.train_batch(dataset.x_train, dataset.y_train, order, step)
+      if diagnose_every and step > start and step % diagnose_every == 0:
+        t = time.perf_counter()
+        figures = method.diagnose(state, batch_of, step)
+        writer.write('diagnose', step, epoch=round(step / spe, 4), **figures)
+        logging.info('diagnose at step %d: %s', step, ', '.join(f'{k} {v}' for k, v in figures.items()))
+        paused = time.perf_counter() - t  # not training time
+        interval_start, epoch_start = interval_start + paused, epoch_start + paused
+      if config.profile_every_steps and (step + 1) % config.profile_every_steps == 0:
+        state, metrics, profile = method.profiled_step(state, batch, step)
+        log_profile(step + 1, profile)
+      else:
+        state, metrics = method.step(state, batch, step)
+      pending.append(metrics)
+      interval_steps += 1
+      if step == start:  # exclude compilation from the throughput figures
+        jax.block_until_ready(state)
+        logging.info('first step (compilation included) took %.1f s', time.perf_counter() - run_start)
+        pending, interval_start, interval_steps, epoch_start = [], time.perf_counter(), 0, time.perf_counter()
+      done = step + 1
+      stop.poll(done)
+      if done % config.log_every_steps == 0:
+        flush_metrics(done)
+      if done % eval_every == 0 or done == total_steps:
+        last_eval = run_eval(done)
+      if (config.checkpoint_every_steps and done % config.checkpoint_every_steps == 0) \
+          or done == total_steps or stop.requested:
+        if not _finite(state):  # never a non-finite state as the latest checkpoint
+          diverged(done, 'the parameters are not finite')
+        checkpointer.save(done, state)
+      step = done
+      if stop.requested:
+        logging.warning('stopped at step %d; run again with the same --workdir to resume', done)
+        break
   finally:
     checkpointer.close()
     writer.close()

@@ -1,5 +1,6 @@
 """The training loop: BP against a sequential reference, outputs, exact resume, damaged checkpoints."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import types
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 
@@ -167,8 +169,10 @@ def test_split_and_fused_backward_agree(method, keep, workdir, tmp_path):
   assert_trees_close(split.variables, fused.variables, tol=1e-4)
 
 
-def test_sigterm_saves_a_checkpoint_and_resumes_exactly(workdir, tmp_path):
-  """Preemption: SIGTERM stops after the current step with a checkpoint and exit status 0."""
+@pytest.mark.parametrize('signals', [1, 3])
+def test_sigterm_saves_a_checkpoint_and_resumes_exactly(signals, workdir, tmp_path):
+  """Preemption: SIGTERM stops after the current step with a checkpoint and exit status 0; three SIGTERMs
+  50 ms apart save once and stop once (the handler stays until the checkpoint is written)."""
   script = tmp_path / 'run.py'
   script.write_text(KILLED_RUN.format(root=ROOT, tests=os.path.join(ROOT, 'tests'), workdir=workdir)
                     .replace('tiny_config()', 'tiny_config(checkpoint_every_steps=0)'))
@@ -178,7 +182,9 @@ def test_sigterm_saves_a_checkpoint_and_resumes_exactly(workdir, tmp_path):
   deadline = time.time() + 120
   while time.time() < deadline and not (os.path.exists(metrics) and '"step": 4' in open(metrics).read()):
     time.sleep(0.05)
-  proc.send_signal(signal.SIGTERM)
+  for i in range(signals):
+    time.sleep(0.05 if i else 0)
+    proc.send_signal(signal.SIGTERM)
   _, stderr = proc.communicate(timeout=120)
   assert proc.returncode == 0, stderr[-2000:]
   steps = sorted(int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints')) if d.isdigit())
@@ -216,3 +222,20 @@ def test_batch_statistics_evaluation_mixes_classes_in_every_batch():
   assert Evaluator(predict, pre, 100, jax.devices()[0], exact_batches=True)({}, x, y)['test_accuracy'] > 0.95
   # What it measured before: every batch of one class, centred to zero, predicted as class 0.
   assert Evaluator(predict, pre, 100, jax.devices()[0])({}, x, y)['test_accuracy'] == 0.5
+
+
+@pytest.mark.parametrize('method', ['bp', 'fdg'])
+def test_divergence_stops_the_run_and_keeps_the_last_finite_checkpoint(method, workdir):
+  """A learning rate of 1e6: the run stops with one error naming the step, never saves a non-finite state,
+  and the checkpoint it names restores finite."""
+  from jaxdecouple.errors import DivergenceError
+  kw = {'method': method, 'max_steps': 20, 'checkpoint_every_steps': 1, 'keep_checkpoints': 2,
+        'log_every_steps': 2, 'pipeline.num_stages': 2}
+  with pytest.raises(DivergenceError, match=r'at step \d+: training diverged. The last finite checkpoint, step (\d+)') as e:
+    train_and_evaluate(tiny_config(**kw, **{'optim.learning_rate': 1e6}), workdir)
+  kept = int(re.search(r'checkpoint, step (\d+)', str(e.value)).group(1))
+  steps = sorted(int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints')) if d.isdigit())
+  assert steps and steps[-1] == kept
+  resumed = train_and_evaluate(tiny_config(**{**kw, 'max_steps': kept}), workdir)  # nothing left to train
+  assert resumed.step == kept
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(resumed.variables))
