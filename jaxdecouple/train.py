@@ -163,9 +163,9 @@ class _StopSignal:
 
 
 def _finite(state) -> bool:
-  """Whether every floating-point array of the state this process holds is finite (one scalar each)."""
-  checks = [jnp.isfinite(x).all() for x in jax.tree.leaves(state)
-            if x.is_fully_addressable and jnp.issubdtype(x.dtype, jnp.inexact)]
+  """Whether every floating-point array of the state this process holds is finite (one scalar per shard)."""
+  checks = [jnp.isfinite(shard.data).all() for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.inexact)
+            for shard in x.addressable_shards]  # per device: a sharded array's mesh is not needed
   return all(bool(c) for c in jax.device_get(checks))
 
 
