@@ -2,14 +2,20 @@
 
 A state is saved as the flat list of its leaves; it is restored into the structure and the device
 placement of a freshly initialised state (the template), so pipeline stages come back on their own
-devices. The latest checkpoint that restores wins: a damaged or half-written one is skipped with a
-warning in favour of the one before. A checkpoint whose arrays do not match the config (another
-model, K or method) stops the run with a message rather than being silently ignored.
+devices. The latest checkpoint that restores wins: a damaged, half-written or corrupted one is moved
+aside with a warning in favour of the one before. Corruption is found with checksums: a CRC-32 of every
+array's bytes, taken from the state being saved, is written beside each step (``checksums/STEP.json``)
+and compared with the restored arrays. A checkpoint whose arrays do not match the config (another
+model, K or method) stops the run with a message rather than being silently ignored. A checkpoint that
+cannot be written (no space, no permission) stops the run with one line.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import zlib
 from typing import Any
 
 import jax
@@ -31,12 +37,24 @@ class Checkpointer:
     if self.per_process:
       directory = os.path.join(directory, f'process_{jax.process_index()}')
     self.directory = os.path.abspath(directory)
+    self.checksums = os.path.join(self.directory, 'checksums')
+    try:
+      os.makedirs(self.checksums, exist_ok=True)
+    except OSError as e:
+      raise CheckpointError(f'cannot create {self.checksums} ({e.strerror or type(e).__name__}): make the checkpoint '
+                            'folder writable, or use another --workdir') from e
+    self._pending: int | None = None  # the step whose asynchronous write may still be under way
     if self.per_process:  # orbax writes only global arrays across processes: this process's own files
       self._manager = _ProcessFiles(self.directory, keep)
     else:
       self._manager = ocp.CheckpointManager(
           self.directory, item_handlers=ocp.StandardCheckpointHandler(),
           options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+    if not self.all_steps() and self._moved_aside():
+      raise CheckpointError(
+          f'every checkpoint in {self.directory} was found damaged by an earlier run and moved aside '
+          f'({", ".join(self._moved_aside()[:3])}), so this run cannot resume, and starting afresh would '
+          'silently restart from step 0: remove that folder to start afresh on purpose, or use another --workdir')
 
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
@@ -46,11 +64,77 @@ class Checkpointer:
     return [x for x in leaves if not self.per_process or x.is_fully_addressable]
 
   def save(self, step: int, state: Any) -> None:
-    """Starts an asynchronous save; training continues while it is written."""
-    if self.per_process:
-      self._manager.save(step, [np.asarray(x) for x in self._mine(jax.tree.leaves(state))])
+    """Writes the checksums, then starts an asynchronous save; training continues while it is written.
+    Raises CheckpointError (one line) when the disk lacks the space or the write fails."""
+    leaves = jax.tree.leaves(state)
+    mine = self._mine(leaves)
+    need = sum(x.nbytes for x in mine if x.is_fully_addressable) + sum(
+        s.data.nbytes for x in mine if not x.is_fully_addressable for s in x.addressable_shards)
+    try:
+      free = shutil.disk_usage(self.directory).free
+    except OSError:
+      free = None
+    if free is not None and free < need * 1.1 + 16 * 2**20:
+      raise CheckpointError(
+          f'not enough disk space for the checkpoint at step {step} in {self.directory}: {free / 2**20:.0f} MiB free, '
+          f'about {need / 2**20:.0f} MiB needed; free some space and run again with the same --workdir to resume '
+          f'from step {max(self.all_steps(), default=0)}')
+    self.wait()  # the previous asynchronous save: its failure is reported as its own
+    with self._writing(step):
+      self._forget_checksums()
+      sums = checksums(mine)
+      tmp = self._checksum_path(step) + '.tmp'
+      with open(tmp, 'w', encoding='utf-8') as f:
+        json.dump(sums, f)
+      os.replace(tmp, self._checksum_path(step))
+      if self.per_process:
+        self._manager.save(step, [np.asarray(x) for x in mine])
+        return
+      self._manager.save(step, args=ocp.args.StandardSave({'leaves': leaves}), force=True)
+    self._pending = step
+
+  @contextlib.contextmanager
+  def _writing(self, step: int | None):
+    """Any failure to write ``step`` as one line (ours; orbax's own error records are dropped from the
+    console, see writers.quiet_library_logs)."""
+    try:
+      yield
+    except CheckpointError:
+      raise
+    except Exception as e:  # OSError, and what orbax wraps it in
+      text = ' '.join(str(e).split())
+      cause = text if len(text) <= 160 else '...' + text[-160:]  # the OS's reason comes last
+      where = f'at step {step} ' if step is not None else ''
+      raise CheckpointError(
+          f'writing the checkpoint {where}in {self.directory} failed ({type(e).__name__}: {cause}); check that the '
+          'disk has space and the folder is writable, then run again with the same --workdir to resume from the '
+          f'last checkpoint written') from e
+
+  def _checksum_path(self, step: int) -> str:
+    return os.path.join(self.checksums, f'{step}.json')
+
+  def _forget_checksums(self) -> None:
+    """Removes the checksums of steps that rotation deleted (older than the newest step, and gone)."""
+    steps = self.all_steps()
+    for name in os.listdir(self.checksums):
+      if name.endswith('.json') and name[:-5].isdigit():
+        s = int(name[:-5])
+        if steps and s < steps[-1] and s not in steps:
+          os.remove(os.path.join(self.checksums, name))
+
+  def _verify(self, step: int, restored: list) -> None:
+    """Raises ValueError when the restored arrays' checksums differ from those written with the step."""
+    path = self._checksum_path(step)
+    if not os.path.exists(path):
+      logging.warning('checkpoint at step %d has no checksums (written by an earlier version): not verified', step)
       return
-    self._manager.save(step, args=ocp.args.StandardSave({'leaves': jax.tree.leaves(state)}), force=True)
+    with open(path, encoding='utf-8') as f:
+      saved = json.load(f)
+    now = checksums(restored)
+    bad = [i for i, (a, b) in enumerate(zip(saved, now)) if a != b]
+    if len(saved) != len(now) or bad:
+      raise ValueError(f'the content of {len(bad) or "some"} of its {len(now)} arrays differs from its checksums '
+                       f'(first: array {bad[0] if bad else "?"})')
 
   def _common_steps(self, steps: list[int]) -> list[int]:
     """Per process: the steps every process has a checkpoint of (the processes resume together)."""
@@ -79,11 +163,14 @@ class Checkpointer:
       self._check_matches(step, mine)
       try:
         if self.per_process:  # back onto the devices of the template's arrays; the others stay placeholders
-          arrays = iter(jax.device_put(x, t.sharding) for x, t in zip(self._manager.restore(step), mine))
+          arrays = [jax.device_put(x, t.sharding) for x, t in zip(self._manager.restore(step), mine)]
+          self._verify(step, arrays)
+          arrays = iter(arrays)
           restored = {'leaves': [next(arrays) if t.is_fully_addressable else t for t in leaves]}
         else:
           restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
-      except Exception as e:  # damaged files: missing, truncated, unreadable metadata
+          self._verify(step, restored['leaves'])
+      except Exception as e:  # damaged files: missing, truncated, unreadable metadata, corrupted content
         aside = self._move_aside(step)
         logging.warning('checkpoint at step %d is damaged or incomplete (%s: %s); moved it to %s and '
                         'trying an earlier one', step, type(e).__name__,
@@ -95,14 +182,20 @@ class Checkpointer:
                             'restored; remove that folder to start afresh or use another --workdir')
     return None
 
+  def _moved_aside(self) -> list[str]:
+    return sorted(f for f in os.listdir(self.directory) if '.damaged' in f)
+
   def _move_aside(self, step: int) -> str:
-    """Renames a damaged checkpoint so that the step can be written again, keeping the files."""
+    """Renames a damaged checkpoint (and its checksums) so that the step can be written again, keeping
+    the files."""
     source = os.path.join(self.directory, str(step) + ('.npz' if self.per_process else ''))
     target, n = f'{source}.damaged', 1
     while os.path.exists(target):
       n += 1
       target = f'{source}.damaged{n}'
     os.rename(source, target)
+    if os.path.exists(self._checksum_path(step)):
+      os.replace(self._checksum_path(step), self._checksum_path(step) + '.damaged')
     self._manager.reload()
     return target
 
@@ -112,19 +205,44 @@ class Checkpointer:
           self._manager.shapes(step)
     except Exception:  # unreadable metadata: restore will fail and fall back to an earlier one
       return
-    if len(saved) != len(leaves) or any(
-        tuple(s.shape) != tuple(x.shape) for s, x in zip(saved, leaves)):
-      raise CheckpointError(
-          f'the checkpoint at step {step} in {self.directory} was written by a different config '
-          f'(its state has {len(saved)} arrays, this config makes {len(leaves)}, or shapes differ); '
-          'resume with the config it was made with, or use another --workdir')
+    if len(saved) != len(leaves):
+      why = f'its state has {len(saved)} arrays, this config makes {len(leaves)}'
+    else:
+      differ = [(i, s, x) for i, (s, x) in enumerate(zip(saved, leaves)) if tuple(s.shape) != tuple(x.shape)]
+      if not differ:
+        return
+      i, s, x = differ[0]
+      why = (f'{len(differ)} of its {len(saved)} arrays have other shapes, the first (array {i}) '
+             f'{tuple(s.shape)} where this config makes {tuple(x.shape)}')
+    raise CheckpointError(
+        f'the checkpoint at step {step} in {self.directory} was written by a different config ({why}); '
+        'resume with the config it was made with, or use another --workdir')
 
   def wait(self) -> None:
-    self._manager.wait_until_finished()
+    with self._writing(self._pending):
+      self._manager.wait_until_finished()
+    self._pending = None
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
+    self.wait()
     self._manager.close()
+    self._forget_checksums()
+
+
+def checksums(arrays: list) -> list:
+  """CRC-32 of each array's bytes: of the whole value when this process holds all of it, else of each
+  shard it holds a first copy of (keyed by the shard's index), so every process checks its own part."""
+  out = []
+  for x in arrays:
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+      out.append(_crc(np.asarray(x)))
+    else:
+      out.append({str(s.index): _crc(np.asarray(s.data)) for s in x.addressable_shards if s.replica_id == 0})
+  return out
+
+
+def _crc(a: np.ndarray) -> int:
+  return zlib.crc32(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
 
 
 class _ProcessFiles:

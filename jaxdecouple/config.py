@@ -34,6 +34,8 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.keep_checkpoints = 2
   c.cpu_devices = 0            # > 0: split the host CPU into this many JAX devices (before JAX starts)
   c.split_backward = 'auto'    # forward and backward in two compiled calls: auto (on for CPU), on, off
+  c.resume_changes = ''        # fields this run may change on resume although they change what is computed,
+                               # comma-separated (e.g. 'optim.learning_rate' after a divergence)
 
   c.data = ml_collections.ConfigDict()
   c.data.source = 'auto'       # auto, idx, npz, tfds, synthetic (tests only)
@@ -96,6 +98,10 @@ def get_default_config() -> ml_collections.ConfigDict:
   return c
 
 
+MAX_EVAL_BATCH = 65536
+MAX_CPU_DEVICES = 256
+
+
 def set_fields(config, fields: dict) -> ml_collections.ConfigDict:
   """Sets dotted fields, e.g. {'pipeline.num_stages': 4, 'optim.learning_rate': 0.05}; returns config."""
   for key, value in fields.items():
@@ -140,6 +146,15 @@ def _check_types(config, default, prefix: str = ''):
       if not isinstance(value, (tuple, list)) or not all(
           isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
         fail(field, f'must be a list of numbers, got {value!r}')
+      if not all(math.isfinite(v) for v in value):
+        fail(field, f'must hold finite numbers, got {value!r}')
+
+
+def _fields(config, prefix: str = '') -> list[str]:
+  out = []
+  for key, value in config.items():
+    out += _fields(value, f'{prefix}{key}.') if isinstance(value, ml_collections.ConfigDict) else [prefix + key]
+  return out
 
 
 def _choice(config, field: str, allowed):
@@ -166,8 +181,10 @@ def validate(config) -> None:
 
   _check_types(config, get_default_config())
   _choice(config, 'method', sorted(methods.METHODS))
-  if not models.is_valid_model_name(config.model):
-    fail('model', f'unknown model {config.model!r}; allowed: {models.MODEL_HELP}')
+  try:
+    models.build_model(config.model, 10)
+  except ValueError as e:
+    fail('model', str(e))
   _choice(config, 'dataset', sorted(data.DATASETS))
   _choice(config, 'data.source', data.SOURCES)
   _choice(config, 'data.normalization', ('default', 'adl'))
@@ -193,6 +210,24 @@ def validate(config) -> None:
   milestones = list(config.optim.milestones)
   if any(m < 0 for m in milestones) or milestones != sorted(milestones):
     fail('optim.milestones', f'must be non-negative epochs in increasing order, got {milestones}')
+  if milestones and milestones[-1] > config.num_epochs:
+    fail('optim.milestones', f'{milestones} go beyond num_epochs={config.num_epochs}, so the learning rate would '
+         'not decay there; give epochs within the run (scale them with num_epochs) or () for no decay')
+  if config.optim.warmup_epochs > config.num_epochs:
+    fail('optim.warmup_epochs', f'{config.optim.warmup_epochs} is longer than the run (num_epochs='
+         f'{config.num_epochs})')
+  if config.seed >= 2**63:
+    fail('seed', f'must be below 2**63, got {config.seed}')
+  if config.eval_batch_size > MAX_EVAL_BATCH:
+    fail('eval_batch_size', f'{config.eval_batch_size} is more than {MAX_EVAL_BATCH}; the test set is evaluated '
+         'in batches of at most its own size anyway (larger ones are only padding)')
+  if config.cpu_devices > MAX_CPU_DEVICES:
+    fail('cpu_devices', f'{config.cpu_devices} is more than {MAX_CPU_DEVICES} (thousands crash XLA); one device per '
+         'pipeline stage or replica worker is enough, and workers and stages can share one')
+  known = set(_fields(get_default_config()))
+  for field in filter(None, (f.strip() for f in config.resume_changes.split(','))):
+    if field not in known:
+      fail('resume_changes', f'{field!r} is not a config field (give dotted names, e.g. optim.learning_rate)')
   _positive(config, 'pipeline.diagnose_every_steps', allow_zero=True)
   if config.pipeline.diagnose_every_steps and config.method not in ('fdg', 'adl', 'ddg', 'fr', 'dgl'):
     fail('pipeline.diagnose_every_steps', f'compares a pipeline stage\'s gradient with back-propagation\'s; '

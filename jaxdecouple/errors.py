@@ -19,3 +19,7 @@ class CheckpointError(JaxDecoupleError):
 
 class DivergenceError(JaxDecoupleError):
   """The loss or the parameters stopped being finite: the run stops, its last finite checkpoint kept."""
+
+
+class WorkdirError(JaxDecoupleError):
+  """The work directory cannot be used: not a writable folder, or in use by another run."""

@@ -25,6 +25,7 @@ from jaxdecouple.errors import DivergenceError
 from jaxdecouple.methods import METHODS, Method, Setup
 from jaxdecouple.models import build_model, count_params
 from jaxdecouple.optim import make_optimizer, make_schedule
+from jaxdecouple.workdir import open_workdir, write_config
 from jaxdecouple.writers import MetricWriter, format_duration
 
 
@@ -224,10 +225,23 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
   use_cpu_devices(config.cpu_devices)
   start_processes(config.distributed, pipeline=METHODS[config.method].pipelined)
   with _StopSignal(jax.process_count() > 1) as stop:
-    return _train(config, workdir, stop)
+    lock = open_workdir(config, workdir, jax.process_index() if jax.process_count() > 1 else None)
+    try:
+      return _train(config, workdir, stop)
+    finally:
+      lock.release()
 
 
 def _train(config, workdir: str, stop: _StopSignal) -> RunResult:
+  checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'), config.keep_checkpoints,
+                              per_process=METHODS[config.method].pipelined)
+  try:
+    return _train_with(config, workdir, stop, checkpointer)
+  finally:
+    checkpointer.close()  # waits for the last save
+
+
+def _train_with(config, workdir: str, stop: _StopSignal, checkpointer: Checkpointer) -> RunResult:
   dataset = load_dataset(config.data, config.dataset)
   if config.batch_size > len(dataset.x_train):
     config_lib.fail('batch_size', f'{config.batch_size} exceeds the {len(dataset.x_train)} training '
@@ -238,18 +252,15 @@ def _train(config, workdir: str, stop: _StopSignal) -> RunResult:
   order = TrainOrder(len(dataset.x_train), config.batch_size, config.seed)
   method = METHODS[config.method](setup)
 
-  os.makedirs(workdir, exist_ok=True)
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
-      f.write(config.to_json_best_effort(indent=2))
   logging.info('%s on %s (%s, %d train / %d test images) with %s; %d steps of batch %d '
                '(%d per epoch); devices: %s', config.method, config.dataset, dataset.source,
                len(dataset.x_train), len(dataset.x_test), config.model, total_steps, config.batch_size,
                spe, ', '.join(str(d) for d in setup.devices))
 
   state = method.init(jax.random.key(config.seed), method.train_batch(dataset.x_train, dataset.y_train, order, 0))
-  checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'), config.keep_checkpoints, per_process=method.pipelined)
   restored = checkpointer.restore_latest(state)
+  if jax.process_index() == 0:  # only now: a refused resume leaves the workdir as it was
+    write_config(config, workdir)
   start = 0
   if restored is not None:
     start, state = restored
@@ -261,7 +272,8 @@ def _train(config, workdir: str, stop: _StopSignal) -> RunResult:
     logging.info('%s', line)
 
   writer = MetricWriter(workdir, enabled=jax.process_index() == 0)
-  evaluator = Evaluator(method.predict_fn(), setup.preprocess, config.eval_batch_size, jax.local_devices()[0],
+  evaluator = Evaluator(method.predict_fn(), setup.preprocess, min(config.eval_batch_size, len(dataset.x_test)),
+                        jax.local_devices()[0],
                         exact_batches=method.eval_uses_batch_statistics)
   eval_every = config.eval_every_epochs * spe
   pending: list[dict] = []
@@ -276,7 +288,8 @@ def _train(config, workdir: str, stop: _StopSignal) -> RunResult:
     raise DivergenceError(
         f'{what} at step {step}: training diverged. '
         + (f'The last finite checkpoint, step {steps[-1]}, is kept in {workdir}: lower optim.learning_rate (or '
-           'add a warm-up) and run again with the same --workdir to resume from it, or use another --workdir'
+           'add a warm-up) and resume from it with the same --workdir and --config.resume_changes=optim.learning_rate'
+           ' (the fields you change), or use another --workdir'
            if steps else f'No checkpoint was written; lower optim.learning_rate or add a warm-up'))
 
   def flush_metrics(step: int) -> None:
@@ -322,7 +335,6 @@ def _train(config, workdir: str, stop: _StopSignal) -> RunResult:
 
   if stop.requested:
     logging.warning('stopped during start-up, before training; run again with the same --workdir')
-    checkpointer.close()
     writer.close()
     return RunResult(method, state, start, None, workdir, total_steps)
   try:
@@ -362,7 +374,7 @@ def _train(config, workdir: str, stop: _StopSignal) -> RunResult:
         logging.warning('stopped at step %d; run again with the same --workdir to resume', done)
         break
   finally:
-    checkpointer.close()
     writer.close()
+  checkpointer.wait()
   logging.info('finished at step %d in %s', step, format_duration(time.perf_counter() - run_start))
   return RunResult(method, state, step, last_eval, workdir, total_steps)

@@ -6,6 +6,7 @@ import json
 import logging as logging_std
 import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -13,11 +14,15 @@ from absl import logging
 
 
 class _QuietLibraries(logging_std.Filter):
-  """Drops INFO and DEBUG records of other libraries (orbax logs every file it writes)."""
+  """Drops INFO and DEBUG records of other libraries (orbax logs every file it writes), and orbax's
+  errors: a failed checkpoint write is reported once, by jaxdecouple.checkpoint, with its cause."""
 
   def filter(self, record: logging_std.LogRecord) -> bool:
-    return record.levelno >= logging_std.WARNING or 'jaxdecouple' in record.pathname \
-        or record.pathname.endswith('main.py')
+    if 'jaxdecouple' in record.pathname or record.pathname.endswith('main.py'):
+      return True
+    if f'{os.sep}orbax{os.sep}' in record.pathname and record.levelno == logging_std.ERROR:
+      return False
+    return record.levelno >= logging_std.WARNING
 
 
 def quiet_library_logs(*handlers: logging_std.Handler) -> None:
@@ -25,6 +30,17 @@ def quiet_library_logs(*handlers: logging_std.Handler) -> None:
   for handler in (logging.get_absl_handler(), *logging_std.getLogger().handlers, *handlers):
     if not any(isinstance(f, _QuietLibraries) for f in handler.filters):
       handler.addFilter(_QuietLibraries())
+  if sys.unraisablehook is not _quiet_unraisable:
+    _quiet_unraisable.previous = sys.unraisablehook
+    sys.unraisablehook = _quiet_unraisable
+
+
+def _quiet_unraisable(unraisable) -> None:
+  """After a checkpoint write fails, tensorstore's callbacks find orbax's event loops closed, dozens of
+  times; the failure itself is reported once (jaxdecouple.checkpoint). Everything else as before."""
+  if isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == 'Event loop is closed':
+    return
+  _quiet_unraisable.previous(unraisable)
 
 
 def _tensorboard_writer(logdir: str):

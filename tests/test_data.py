@@ -14,6 +14,7 @@ from PIL import Image
 
 from conftest import tiny_config
 from jaxdecouple.data import Preprocess, TrainOrder, augment, load_dataset, normalize
+from jaxdecouple.data import sources
 from jaxdecouple.data.sources import DEFAULT_IDX_DIR, load_idx
 from jaxdecouple.errors import DataError
 
@@ -82,7 +83,7 @@ def test_npz_round_trip_and_validation(tmp_path):
   with pytest.raises(DataError, match='lacks arrays'):
     load_dataset(data_config(source='npz', path=str(tmp_path / 'missing.npz')), 'cifar10')
   (tmp_path / 'corrupt.npz').write_bytes(b'PK\x03\x04 not really a zip file')
-  with pytest.raises(DataError, match='cannot be read'):
+  with pytest.raises(DataError, match='not an .npz file'):
     load_dataset(data_config(source='npz', path=str(tmp_path / 'corrupt.npz')), 'cifar10')
   ds100 = load_dataset(data_config(source='npz', path=str(tmp_path / 'ok.npz')), 'cifar100')
   assert ds100.num_classes == 100 and ds100.std == (0.267, 0.256, 0.276)
@@ -114,12 +115,17 @@ def test_nothing_found_lists_every_attempt_and_the_fix(tmp_path, monkeypatch):
     raise ConnectionError('no network')
   broken.builder = builder
   monkeypatch.setitem(sys.modules, 'tensorflow_datasets', broken)
+  monkeypatch.setattr(sources, 'DEFAULT_IDX_DIR', str(tmp_path))
   with pytest.raises(DataError) as e:
-    load_dataset(data_config(source='auto', idx_dir=str(tmp_path), path=str(tmp_path / 'none.npz')),
-                 'fashion_mnist')
+    load_dataset(data_config(source='auto'), 'fashion_mnist')
   message = str(e.value)
-  assert 'tried idx' in message and 'npz:' in message and 'tfds:' in message
+  assert 'tried idx' in message and 'tfds:' in message
   assert 'apt-get install dataset-fashion-mnist' in message and '\n' not in message
+  # A file or folder named explicitly is the only place looked at: its problem is the message.
+  with pytest.raises(DataError, match=r'data.path=.*none.npz does not exist$'):
+    load_dataset(data_config(source='auto', path=str(tmp_path / 'none.npz')), 'fashion_mnist')
+  with pytest.raises(DataError, match=r'tried idx: FileNotFoundError: .*train-images-idx3-ubyte.gz not found\)'):
+    load_dataset(data_config(source='auto', idx_dir=str(tmp_path)), 'fashion_mnist')
 
 
 def test_tfds_source_through_its_data_source_api(monkeypatch):

@@ -113,16 +113,25 @@ def test_killed_run_resumes_exactly(workdir, tmp_path):
 
 # orbax's reader threads finish after the failed restore and complain that their event loop closed.
 @pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
-def test_damaged_latest_checkpoint_falls_back_to_the_previous(workdir, tmp_path, caplog):
+@pytest.mark.parametrize('damage', ['truncated', 'corrupted'])
+def test_damaged_latest_checkpoint_falls_back_to_the_previous(damage, workdir, tmp_path, caplog):
+  """Truncated files fail to restore; a few garbage bytes in the biggest data file restore without an
+  error (orbax does not verify content), and only the checksums written with the step catch them."""
   first = train_and_evaluate(tiny_config(max_steps=12), workdir)  # checkpoints at 8 and 12
   latest = os.path.join(workdir, 'checkpoints', '12')
-  for dirpath, _, files in os.walk(latest):
-    for f in files:
-      if dirpath.endswith('/d'):  # the array data chunks
-        with open(os.path.join(dirpath, f), 'wb') as fh:
-          fh.write(b'\0' * 7)
+  chunks = [os.path.join(d, f) for d, _, files in os.walk(latest) for f in files if d.endswith('/d')]
+  if damage == 'truncated':
+    for path in chunks:  # the array data chunks
+      with open(path, 'wb') as fh:
+        fh.write(b'\0' * 7)
+  else:
+    biggest = max(chunks, key=os.path.getsize)
+    with open(biggest, 'r+b') as fh:
+      fh.seek(os.path.getsize(biggest) // 2)
+      fh.write(b'\xff\x7f\xc0\x7f garbage')
   resumed = train_and_evaluate(tiny_config(), workdir)
-  assert any('damaged' in r.getMessage() for r in caplog.records)
+  warnings = [r.getMessage() for r in caplog.records if 'damaged' in r.getMessage()]
+  assert warnings and (damage == 'truncated' or 'differs from its checksums' in warnings[0]), warnings
   assert os.path.isdir(latest + '.damaged') and os.path.isdir(latest)  # kept aside, then rewritten
   whole = train_and_evaluate(tiny_config(), str(tmp_path / 'whole'))
   assert_trees_equal(resumed.state, whole.state)
@@ -131,8 +140,14 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(workdir, tmp_path,
 
 def test_checkpoint_of_another_config_is_refused(workdir):
   train_and_evaluate(tiny_config(max_steps=4), workdir)
-  with pytest.raises(CheckpointError, match='different config'):
+  with pytest.raises(CheckpointError, match='another config: model "resnet8" -> "resnet14"'):
     train_and_evaluate(tiny_config(model='resnet14'), workdir)
+  os.remove(os.path.join(workdir, 'config.json'))  # a workdir of an earlier version: the arrays still differ
+  with pytest.raises(CheckpointError, match=r'different config \(its state has 60 arrays, this config makes 108'):
+    train_and_evaluate(tiny_config(model='resnet14'), workdir)
+  with pytest.raises(CheckpointError, match=r'different config \(\d of its 60 arrays have other shapes, the first '
+                     r'\(array \d+\) \(10,\) where this config makes \(100,\)'):
+    train_and_evaluate(tiny_config(dataset='cifar100'), workdir)
 
 
 def test_tensorboard_events_when_a_writer_library_is_installed(workdir, monkeypatch):
@@ -236,6 +251,65 @@ def test_divergence_stops_the_run_and_keeps_the_last_finite_checkpoint(method, w
   kept = int(re.search(r'checkpoint, step (\d+)', str(e.value)).group(1))
   steps = sorted(int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints')) if d.isdigit())
   assert steps and steps[-1] == kept
-  resumed = train_and_evaluate(tiny_config(**{**kw, 'max_steps': kept}), workdir)  # nothing left to train
+  with pytest.raises(CheckpointError, match='resume_changes=optim.learning_rate'):  # a lower rate: said on purpose
+    train_and_evaluate(tiny_config(**{**kw, 'max_steps': kept}), workdir)
+  resumed = train_and_evaluate(tiny_config(**{**kw, 'max_steps': kept, 'resume_changes': 'optim.learning_rate'}),
+                               workdir)  # nothing left to train
   assert resumed.step == kept
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(resumed.variables))
+
+
+def test_a_stale_lock_of_a_killed_run_is_taken_over(workdir, caplog):
+  """A run killed with -9 leaves its name in WORKDIR/lock but not the lock (the kernel drops it): the next
+  run takes it over with a warning naming the dead holder, and an ended run leaves it empty."""
+  os.makedirs(workdir)
+  subprocess.run([sys.executable, '-c', 'import os, sys; sys.path.insert(0, sys.argv[1]); '
+                  'from jaxdecouple.workdir import WorkdirLock; WorkdirLock(sys.argv[2]).acquire(); os._exit(9)',
+                  ROOT, workdir], check=False)  # noqa: E501
+  with open(os.path.join(workdir, 'lock')) as f:
+    holder = f.read().strip()
+  assert holder.startswith('host ')
+  train_and_evaluate(tiny_config(max_steps=2), workdir)
+  assert any('took over' in r.getMessage() and holder in r.getMessage() for r in caplog.records)
+  assert os.path.getsize(os.path.join(workdir, 'lock')) == 0
+
+
+def test_no_space_for_a_checkpoint_stops_with_one_error_and_keeps_the_earlier_ones(workdir, monkeypatch):
+  """The free space is checked before each save: a full disk stops the run with one line instead of a
+  failed write, and the run resumes from its last checkpoint once there is space."""
+  import collections
+  import jaxdecouple.checkpoint as checkpoint
+  usage, real = collections.namedtuple('usage', 'total used free'), checkpoint.shutil.disk_usage
+  free = {'bytes': 10**12}
+  monkeypatch.setattr(checkpoint.shutil, 'disk_usage', lambda p: usage(free['bytes'], 0, free['bytes']))
+  original_save = checkpoint.Checkpointer.save
+
+  def save(self, step, state):
+    if step == 8:
+      free['bytes'] = 2**20  # the disk fills between the checkpoints at 4 and 8
+    return original_save(self, step, state)
+  monkeypatch.setattr(checkpoint.Checkpointer, 'save', save)
+  with pytest.raises(CheckpointError, match=r'not enough disk space for the checkpoint at step 8 .* 1 MiB free, '
+                                            r'about \d+ MiB needed.*resume from step 4'):
+    train_and_evaluate(tiny_config(), workdir)
+  monkeypatch.setattr(checkpoint.shutil, 'disk_usage', real)
+  assert train_and_evaluate(tiny_config(), workdir).step == 16
+
+
+def test_a_failed_checkpoint_write_exits_promptly_with_one_line(workdir):
+  """A write that fails (here: files limited to 1 MiB, as a full quota would) exits with status 2 and one
+  error line naming the step, within seconds, instead of hanging on orbax's waiting threads."""
+  run = (
+      'import resource, runpy, signal, sys\n'
+      'signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n'
+      'resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, 2**20))\n'
+      'sys.argv = ["main.py"] + sys.argv[1:]\n'
+      'runpy.run_path("main.py", run_name="__main__")\n')
+  proc = subprocess.run([sys.executable, '-c', run, '--config=configs/quickstart.py', '--config.data.source=synthetic',
+                         '--config.batch_size=32', '--config.max_steps=4', '--config.checkpoint_every_steps=2',
+                         '--config.cpu_devices=0', f'--workdir={workdir}'], cwd=ROOT, capture_output=True, text=True,
+                        timeout=240)
+  errors = [line for line in proc.stderr.splitlines() if line.startswith('error:')]
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert len(errors) == 1 and 'writing the checkpoint at step 2' in errors[0] and 'File too large' in errors[0]
+  assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]

@@ -11,6 +11,7 @@ import gzip
 import io
 import os
 import struct
+import zipfile
 
 import numpy as np
 
@@ -125,7 +126,11 @@ def load_npz(name: str, path: str) -> tuple[np.ndarray, ...]:
   if not path:
     raise FileNotFoundError('no path given (set data.path)')
   if not os.path.exists(path):
-    raise FileNotFoundError(f'{path} does not exist')
+    raise DataError(f'data.path={path} does not exist')
+  if os.path.isdir(path):
+    raise DataError(f'data.path={path} is a folder; give the .npz file in it')
+  if not zipfile.is_zipfile(path):
+    raise DataError(f'data.path={path} is not an .npz file (not a zip archive): save the arrays with numpy.savez')
   try:
     with np.load(path, allow_pickle=False) as z:
       keys = set(z.files)
@@ -184,8 +189,9 @@ def synthetic(name: str, num_train: int, num_test: int, seed: int = 0) -> tuple[
 def load_dataset(data_config, name: str) -> Dataset:
   """Loads ``name`` from the configured source, or tries them in order when source is 'auto'.
 
-  Order for 'auto': IDX files (fashion_mnist only), the .npz at data.path (when given), then
-  tensorflow-datasets. Synthetic data is used only when asked for explicitly.
+  'auto': the .npz at data.path when one is given (only it), else the IDX files in data.idx_dir when
+  that is given (only them), else the installed IDX files (fashion_mnist only), then tensorflow-datasets.
+  Synthetic data is used only when asked for explicitly.
   """
   if name not in DATASETS:
     raise DataError(f'unknown dataset {name!r}; allowed: {", ".join(DATASETS)}')
@@ -202,7 +208,12 @@ def load_dataset(data_config, name: str) -> Dataset:
       'tfds': lambda: load_tfds(name, data_config.tfds_data_dir, data_config.tfds_download),
   }
   if source == 'auto':
-    order = (['idx'] if name == 'fashion_mnist' else []) + (['npz'] if data_config.path else []) + ['tfds']
+    if data_config.path:  # a file named explicitly is what the user wants, whatever else is installed
+      order = ['npz']
+    elif data_config.idx_dir:
+      order = ['idx']
+    else:
+      order = (['idx'] if name == 'fashion_mnist' else []) + ['tfds']
   else:
     order = [source]
   tried = []

@@ -49,6 +49,10 @@ class ReplicaMethod(Method):
       fail('replica.min_depth', f'must be non-negative, got {r.min_depth}')
     if r.num_devices < 0:
       fail('replica.num_devices', f'must be non-negative (0: as many as useful), got {r.num_devices}')
+    if r.num_devices and r.num_workers % r.num_devices:
+      fail('replica.num_devices', f'{r.num_devices} does not divide the {r.num_workers} workers (each device runs '
+           f'as many); use one of {", ".join(str(n) for n in range(1, r.num_workers + 1) if r.num_workers % n == 0)}'
+           ', or 0 for as many as divide them')
     if cls.partition:
       try:
         blocks = len(partitioned_blocks(build_model(config.model, 10)))

@@ -25,7 +25,14 @@ def build_model(name: str, num_classes: int, scan_min: int = 0) -> Model:
   return dataclasses.replace(model, chain=dataclasses.replace(model.chain, scan_min=scan_min)) if scan_min else model
 
 
+MAX_BLOCKS = 1000  # ResNet-1202 has 600; far deeper names only hang the model's construction
+
+
 def _build(name: str, num_classes: int) -> Model:
+  if (m := re.fullmatch(r'(resnet|wrn)(\d+)(_\d+)?|preact(_tiny)?_s3_(\d+)', name)) and \
+      (blocks := int(m.group(2)) // 2 if m.group(2) else int(m.group(5))) > MAX_BLOCKS:
+    raise ValueError(f'{name!r} has about {blocks} residual blocks; at most {MAX_BLOCKS} are supported '
+                     '(resnet1202 has 600)')
   if m := re.fullmatch(r'resnet(\d+)', name):
     depth = int(m.group(1))
     if depth == 18:

@@ -1,0 +1,253 @@
+"""Bad input, as a new user would give it: every case stops ``python main.py`` with exit status 2 and exactly
+one ``error:`` line naming the field, flag or file, no traceback, and no training started (no "first step"
+line, no checkpoint or metrics written, and a workdir that had checkpoints left exactly as it was).
+
+The cases run through tests/bad_input_driver.py: main.py imported once, each case in a forked child, as
+``python main.py ARGS`` would run it. A table per kind of input (command line, config values, data, workdir,
+checkpoints); each test reports every case that misbehaved, not only the first.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A config that would train in seconds on synthetic data, were nothing wrong.
+Q = ['--config=configs/quickstart.py', '--config.data.source=synthetic', '--config.batch_size=32',
+     '--config.max_steps=2', '--config.cpu_devices=0']
+
+
+def run_cases(tmp_path, cases):
+  """{id: (rc, output)} for [(id, argv, ...)], run by the driver; argv without --workdir gets a fresh one."""
+  table = []
+  for case_id, argv, *_ in cases:
+    if not any(a.startswith('--workdir') for a in argv) and any(a.startswith('--config=') for a in argv):
+      argv = [*argv, f'--workdir={tmp_path / "w" / case_id}']
+    table.append({'id': case_id, 'argv': argv, 'timeout': 120})
+  with open(tmp_path / 'cases.json', 'w', encoding='utf-8') as f:
+    json.dump(table, f)
+  env = {**os.environ, 'JAX_NUM_CPU_DEVICES': '2', 'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}
+  subprocess.run([sys.executable, os.path.join(ROOT, 'tests', 'bad_input_driver.py'), str(tmp_path / 'cases.json'),
+                  str(tmp_path / 'results.json')], check=True, env=env, timeout=900)
+  with open(tmp_path / 'results.json', encoding='utf-8') as f:
+    return json.load(f)
+
+
+def snapshot(folder):
+  """Every file under ``folder`` with its size and modification time (the lock file aside)."""
+  out = {}
+  for dirpath, _, files in os.walk(folder):
+    for name in files:
+      path = os.path.join(dirpath, name)
+      if not name.startswith('lock'):
+        out[os.path.relpath(path, folder)] = (os.path.getsize(path), os.stat(path).st_mtime_ns)
+  return out
+
+
+def check(tmp_path, cases, untouched=None):
+  """Runs the cases; asserts each one's contract; ``untouched``: a folder no case may change."""
+  before = snapshot(untouched) if untouched else None
+  results = run_cases(tmp_path, cases)
+  problems = []
+  for case_id, argv, expected in cases:
+    r = results[case_id]
+    out, errors = r['output'], [line for line in r['output'].splitlines() if line.startswith('error:')]
+    workdir = tmp_path / 'w' / case_id
+    why = []
+    if r['rc'] != 2:
+      why.append(f'exit status {r["rc"]} (None: killed after hanging)')
+    if len(errors) != 1:
+      why.append(f'{len(errors)} error lines')
+    elif expected not in errors[0]:
+      why.append(f'the error does not name {expected!r}')
+    if 'Traceback' in out:
+      why.append('a traceback')
+    if 'first step' in out or (workdir / 'metrics.jsonl').exists() or (workdir / 'checkpoints' / '2').exists():
+      why.append('training started')
+    if why:
+      problems.append(f'{case_id} ({" ".join(argv)}): {"; ".join(why)}\n    {out.strip()[-600:]}')
+  if untouched:
+    assert snapshot(untouched) == before, 'a refused case changed the workdir'
+  assert not problems, f'{len(problems)} of {len(cases)} cases misbehaved:\n' + '\n'.join(problems)
+
+
+def write(path, text):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(text)
+  return str(path)
+
+
+def test_bad_command_lines(tmp_path):
+  d = tmp_path / 'configs'
+  syntax = write(d / 'syntax.py', 'def get_config(:\n  pass\n')
+  no_get = write(d / 'no_get.py', 'x = 1\n')
+  raises = write(d / 'raises.py', 'def get_config():\n  raise RuntimeError("boom")\n')
+  returns = write(d / 'returns.py', 'def get_config():\n  return 42\n')
+  imports = write(d / 'imports.py', 'import not_a_module_anywhere\n')
+  text = write(d / 'notes.txt', 'batch_size = 3\n')
+  check(tmp_path, [
+      ('no-config', ['--workdir=x'], '--config is required'),
+      ('config-missing', ['--config=configs/nope.py'], 'configs/nope.py: no such file'),
+      ('config-syntax', [f'--config={syntax}'], 'syntax error at line 1'),
+      ('config-without-get-config', [f'--config={no_get}'], 'defines no get_config()'),
+      ('config-get-config-raises', [f'--config={raises}'], 'get_config() raised RuntimeError: boom'),
+      ('config-returns-no-config', [f'--config={returns}'], 'get_config() returned a int'),
+      ('config-import-fails', [f'--config={imports}'], "No module named 'not_a_module_anywhere'"),
+      ('config-not-python', [f'--config={text}'], 'not a Python config file'),
+      ('config-folder', ['--config=configs'], 'configs'),
+      ('stray-argument', ['train', *Q], 'unexpected argument train'),
+      ('unknown-flag', [*Q, '--learning_rate=0.1'], "'learning_rate'"),
+      ('unknown-field', [*Q, '--config.optim.lr=0.1'], 'config.optim.lr: unknown field'),
+      ('override-of-a-group', [*Q, '--config.optim=3'], 'optim'),
+      ('not-a-number', [*Q, '--config.batch_size=abc'], 'batch_size'),
+      ('empty-workdir', [*Q, '--workdir='], '--workdir is empty'),
+      ('blank-workdir', [*Q, '--workdir=  '], '--workdir is empty'),
+  ])
+
+
+def test_bad_config_values(tmp_path):
+  d = tmp_path / 'configs'
+  nan = write(d / 'nan_milestones.py', 'from configs.quickstart import get_config as q\n'
+              'def get_config():\n  c = q()\n  c.optim.milestones = (1, float("nan"))\n  return c\n')
+  huge = write(d / 'huge_milestones.py', 'from configs.quickstart import get_config as q\n'
+               'def get_config():\n  c = q()\n  c.optim.milestones = (1e300,)\n  return c\n')
+  nan_q = [f'--config={nan}', *Q[1:]]
+  huge_q = [f'--config={huge}', *Q[1:]]
+  check(tmp_path, [
+      ('method', [*Q, '--config.method=sgd'], 'config.method'),
+      ('model', [*Q, '--config.model=resnet9'], 'config.model'),
+      ('model-too-deep', [*Q, '--config.model=resnet600002'], 'at most 1000'),
+      ('dataset', [*Q, '--config.dataset=imagenet'], 'config.dataset'),
+      ('batch-size-zero', [*Q, '--config.batch_size=0'], 'config.batch_size'),
+      ('batch-size-negative', [*Q, '--config.batch_size=-8'], 'config.batch_size'),
+      ('batch-size-beyond-data', [*Q, '--config.batch_size=100000'], 'config.batch_size'),
+      ('epochs-zero', [*Q, '--config.num_epochs=0'], 'config.num_epochs'),
+      ('learning-rate-negative', [*Q, '--config.optim.learning_rate=-1'], 'config.optim.learning_rate'),
+      ('learning-rate-nan', [*Q, '--config.optim.learning_rate=nan'], 'config.optim.learning_rate'),
+      ('momentum', [*Q, '--config.optim.momentum=1.5'], 'config.optim.momentum'),
+      ('milestones-nan-in-file', nan_q, 'config.optim.milestones'),
+      ('milestones-huge-in-file', huge_q, 'config.optim.milestones'),
+      ('milestones-beyond-the-run', [*Q, '--config.optim.milestones=(2, 5)'], 'beyond num_epochs=3'),
+      ('milestones-decreasing', [*Q, '--config.optim.milestones=(2, 1)'], 'config.optim.milestones'),
+      ('warmup-huge', [*Q, '--config.optim.warmup=constant', '--config.optim.warmup_epochs=1e300'],
+       'config.optim.warmup_epochs'),
+      ('warmup-unknown', [*Q, '--config.optim.warmup=cosine'], 'config.optim.warmup'),
+      ('seed-huge', [*Q, '--config.seed=100000000000000000000'], 'config.seed'),
+      ('seed-negative', [*Q, '--config.seed=-1'], 'config.seed'),
+      ('eval-batch-huge', [*Q, '--config.eval_batch_size=100000000'], 'config.eval_batch_size'),
+      ('cpu-devices-huge', [*Q, '--config.cpu_devices=4096'], 'config.cpu_devices'),
+      ('keep-no-checkpoints', [*Q, '--config.keep_checkpoints=0'], 'config.keep_checkpoints'),
+      ('log-never', [*Q, '--config.log_every_steps=0'], 'config.log_every_steps'),
+      ('stages-zero', [*Q, '--config.pipeline.num_stages=0'], 'config.pipeline.num_stages'),
+      ('stages-more-than-blocks', [*Q, '--config.pipeline.num_stages=64'], 'config.pipeline.num_stages'),
+      ('replica-devices-not-dividing', [*Q, '--config.method=resist', '--config.model=preact_tiny',
+                                        '--config.replica.num_devices=3'], 'config.replica.num_devices'),
+      ('replica-workers-beyond-blocks', [*Q, '--config.method=resist', '--config.model=preact_tiny',
+                                         '--config.replica.num_workers=64'], 'config.replica.num_workers'),
+      ('coordinator', [*Q, '--config.distributed.coordinator=localhost'], 'config.distributed.coordinator'),
+      ('npz-without-path', [*Q, '--config.data.source=npz'], 'config.data.path'),
+      ('resume-changes-unknown', [*Q, '--config.resume_changes=optim.lr'], 'config.resume_changes'),
+  ])
+
+
+def test_bad_data(tmp_path):
+  d = tmp_path / 'data'
+  d.mkdir()
+  text = write(d / 'notes.npz', 'not arrays\n')
+  np.savez(d / 'keys.npz', images=np.zeros((4, 28, 28, 1), np.uint8))
+  np.savez(d / 'shape.npz', x_train=np.zeros((8, 32, 32, 3), np.uint8), y_train=np.zeros(8, np.int64),
+           x_test=np.zeros((4, 32, 32, 3), np.uint8), y_test=np.zeros(4, np.int64))
+  np.savez(d / 'labels.npz', x_train=np.zeros((8, 28, 28, 1), np.uint8), y_train=np.full(8, 12),
+           x_test=np.zeros((4, 28, 28, 1), np.uint8), y_test=np.zeros(4, np.int64))
+  np.savez(d / 'floats.npz', x_train=np.zeros((8, 28, 28, 1), np.float32), y_train=np.zeros(8, np.int64),
+           x_test=np.zeros((4, 28, 28, 1), np.float32), y_test=np.zeros(4, np.int64))
+  np.savez(d / 'good.npz', x_train=np.zeros((64, 28, 28, 1), np.uint8), y_train=np.zeros(64, np.int64),
+           x_test=np.zeros((16, 28, 28, 1), np.uint8), y_test=np.zeros(16, np.int64))
+  with open(d / 'good.npz', 'rb') as f:
+    (d / 'truncated.npz').write_bytes(f.read()[:3000])
+  with zipfile.ZipFile(d / 'bad_member.npz', 'w') as z:
+    z.writestr('x_train.npy', b'\x93NUMPY garbage')
+  real = [a for a in Q if not a.startswith('--config.data.source')]  # Fashion-MNIST, as the quickstart reads it
+  check(tmp_path, [
+      ('path-missing', [*real, f'--config.data.path={d}/none.npz'], 'none.npz does not exist'),
+      ('path-is-text', [*real, f'--config.data.path={text}'], 'notes.npz is not an .npz file'),
+      ('path-is-folder', [*real, f'--config.data.path={d}'], 'is a folder'),
+      ('path-lacks-arrays', [*real, f'--config.data.path={d}/keys.npz'], 'keys.npz lacks arrays'),
+      ('path-wrong-shape', [*real, f'--config.data.path={d}/shape.npz'], 'shape.npz: x_train has shape'),
+      ('path-labels-out-of-range', [*real, f'--config.data.path={d}/labels.npz'], 'labels.npz: y_train'),
+      ('path-float-pixels', [*real, f'--config.data.path={d}/floats.npz'], 'floats.npz: x_train has dtype'),
+      ('path-truncated', [*real, f'--config.data.path={d}/truncated.npz'], 'truncated.npz'),
+      ('path-damaged-member', [*real, f'--config.data.path={d}/bad_member.npz'], 'bad_member.npz'),
+      ('source-npz-path-missing', [*real, '--config.data.source=npz', f'--config.data.path={d}/none.npz'],
+       'none.npz does not exist'),
+      ('idx-folder-empty', [*real, '--config.data.source=idx', f'--config.data.idx_dir={d}'],
+       'train-images-idx3-ubyte.gz not found'),
+  ])
+
+
+def test_bad_workdirs(tmp_path):
+  from jaxdecouple.workdir import WorkdirLock
+  a_file = write(tmp_path / 'a_file', 'x')
+  (tmp_path / 'ckfile').mkdir()
+  write(tmp_path / 'ckfile' / 'checkpoints', 'x')
+  busy = tmp_path / 'busy'
+  busy.mkdir()
+  lock = WorkdirLock(str(busy)).acquire()  # a run holds it: this (live) test process
+  try:
+    check(tmp_path, [
+        ('workdir-is-a-file', [*Q, f'--workdir={a_file}'], 'a_file is a file, not a folder'),
+        ('workdir-under-a-file', [*Q, f'--workdir={a_file}/run'], f'cannot write in the workdir {a_file}/run'),
+        ('workdir-read-only', [*Q, '--workdir=/sys/jaxdecouple-run'], 'cannot write in the workdir /sys/'),
+        ('checkpoints-is-a-file', [*Q, f'--workdir={tmp_path}/ckfile'], 'checkpoints is a file'),
+        ('workdir-in-use', [*Q, f'--workdir={busy}'], f'is in use by another run (host {os.uname().nodename}, '
+                                                      f'pid {os.getpid()}'),
+    ])
+  finally:
+    lock.release()
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  """A workdir with checkpoints at steps 2 and 4 (FDG, K = 2, synthetic data)."""
+  workdir = tmp_path_factory.mktemp('trained') / 'run'
+  env = {**os.environ, 'JAX_NUM_CPU_DEVICES': '2', 'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}
+  subprocess.run([sys.executable, 'main.py', *Q[:-2], '--config.max_steps=4', '--config.checkpoint_every_steps=2',
+                  '--config.log_every_steps=2', f'--workdir={workdir}'], cwd=ROOT, env=env, check=True,
+                 capture_output=True, timeout=300)
+  return workdir
+
+
+def test_bad_checkpoints(tmp_path, trained):
+  damaged = tmp_path / 'damaged'
+  shutil.copytree(trained, damaged)
+  for step in ('2', '4'):
+    os.rename(damaged / 'checkpoints' / step, damaged / 'checkpoints' / f'{step}.damaged')
+  old = tmp_path / 'old'  # a workdir of an earlier version: no config.json, so only the arrays are compared
+  shutil.copytree(trained, old)
+  os.remove(old / 'config.json')
+  on = [*Q[:-2], '--config.max_steps=6', f'--workdir={trained}']
+  check(tmp_path, [
+      ('resume-other-model', [*on, '--config.model=resnet14'], 'model "resnet8" -> "resnet14"'),
+      ('resume-other-method', [*on, '--config.method=ddg'], 'method "fdg" -> "ddg"'),
+      ('resume-other-learning-rate', [*on, '--config.optim.learning_rate=0.5'], 'optim.learning_rate 0.1 -> 0.5'),
+      ('resume-other-seed', [*on, '--config.seed=7'], 'seed 0 -> 7'),
+      ('resume-other-beta', [*on, '--config.pipeline.beta=0.5'], 'pipeline.beta 1.0 -> 0.5'),
+      ('resume-other-momentum', [*on, '--config.optim.momentum=0.5'], 'optim.momentum 0.9 -> 0.5'),
+      ('resume-other-batch-size', [*on, '--config.batch_size=16'], 'batch_size 32 -> 16'),
+      ('resume-other-stages', [*on, '--config.pipeline.num_stages=3'], 'pipeline.num_stages 2 -> 3'),
+      ('resume-two-fields', [*on, '--config.seed=7', '--config.optim.nesterov=True'],
+       'resume_changes=optim.nesterov,seed'),
+      ('resume-change-not-allowed', [*on, '--config.seed=7', '--config.resume_changes=optim.learning_rate'],
+       'seed 0 -> 7'),
+      ('resume-old-workdir-other-classes', [*Q[:-2], '--config.dataset=cifar10', '--config.max_steps=6',
+                                            f'--workdir={old}'], 'have other shapes'),
+      ('resume-old-workdir-other-shapes', [*Q[:-2], '--config.model=resnet14', '--config.max_steps=6',
+                                           f'--workdir={old}'], 'arrays, this config makes'),
+      ('every-checkpoint-damaged', [*Q[:-2], '--config.max_steps=6', f'--workdir={damaged}'],
+       'every checkpoint in'),
+  ], untouched=trained)
