@@ -1,4 +1,5 @@
 """The study runner: runs in pieces, skips finished runs, resumes interrupted ones, writes the report."""
+import dataclasses
 import json
 import os
 
@@ -286,3 +287,29 @@ def test_the_papers_numbers_are_written_once():
   assert resist.paper[('preact_tiny_s3_9, S=4', 'ResIST')] == pytest.approx(100 - papers.RESIST[('cifar10', 4)]['ResIST'])
   converged = study_lib.STUDIES['cpu_cifar10_converged']()
   assert papers.fdg_gap('ResNet-56, K=2', 'FDG beta=1') == '+0.01' and '+0.01' in converged.claims[0].text
+
+
+def test_a_run_that_diverges_is_recorded_and_the_study_goes_on(tmp_path):
+  """A diverging run stops with DivergenceError; the runner records it (diverged.json: step and message),
+  starts the next run, passes it over on later calls (it would diverge again), and the report names it."""
+  study = study_lib.STUDIES['tiny']()
+  first = study.runs[0]
+  build = first.build
+
+  def exploding():
+    c = build()
+    c.optim.learning_rate = 1e6
+    c.log_every_steps = 2
+    return c
+  runs = (dataclasses.replace(first, build=exploding), study.runs[1])
+  study = dataclasses.replace(study, runs=runs)
+  workdir, lines = str(tmp_path / 'study'), []
+  assert study_lib.run_study(study, workdir, log=lines.append) == {'finished': 1, 'ran': 2, 'left': 1}
+  record = study_lib.diverged(workdir, runs[0])
+  assert record['step'] > 0 and 'training diverged' in record['message']
+  assert any('diverged: ' in line for line in lines)
+  assert study_lib.run_study(study, workdir, log=lines.append)['ran'] == 0
+  assert 'passed over' in lines[-1]
+  results = str(tmp_path / 'RESULTS.md')
+  text = study_lib.report(study, workdir, results, str(tmp_path / 'figures'), 'CMD')
+  assert f'Finished runs: 1 of 2; diverged (stopped, not in the tables): {runs[0].name}.' in text

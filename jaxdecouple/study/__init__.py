@@ -25,12 +25,12 @@ The package: core.py (what a study is), definitions/ (the studies, a short file 
 (processes, claims, pinning, logs), report.py (the report), cli.py (this command); the papers'
 numbers come from jaxdecouple/papers.py.
 """
-from jaxdecouple.study.core import SEEDS, Claim, Run, Study, is_finished, run_dir
+from jaxdecouple.study.core import SEEDS, Claim, Run, Study, diverged, is_finished, run_dir
 from jaxdecouple.study.definitions import STUDIES
 from jaxdecouple.study.report import check, gap, report, same_machines_once, write_results
 from jaxdecouple.study.runner import _progress_to, claim, machine, pin, release, run_study, whole_run_seconds
 from jaxdecouple.study.cli import main
 
-__all__ = ['SEEDS', 'STUDIES', 'Claim', 'Run', 'Study', 'check', 'claim', 'gap', 'is_finished', 'machine', 'main',
+__all__ = ['SEEDS', 'STUDIES', 'Claim', 'Run', 'Study', 'check', 'claim', 'gap', 'diverged', 'is_finished', 'machine', 'main',
            'pin', 'release', 'report', 'run_dir', 'run_study', 'same_machines_once', 'whole_run_seconds',
            'write_results']

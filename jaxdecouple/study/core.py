@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from typing import Callable
@@ -96,3 +97,12 @@ def run_dir(workdir: str, run: Run) -> str:
 
 def is_finished(workdir: str, run: Run) -> bool:
   return os.path.exists(os.path.join(run_dir(workdir, run), 'finished.json'))
+
+
+def diverged(workdir: str, run: Run) -> dict | None:
+  """The record of a run that diverged (``diverged.json``: step and message), or None."""
+  path = os.path.join(run_dir(workdir, run), 'diverged.json')
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding='utf-8') as f:
+    return json.load(f)

@@ -7,7 +7,7 @@ import re
 import statistics
 from typing import Sequence
 
-from jaxdecouple.study.core import Claim, Run, Study, is_finished, run_dir
+from jaxdecouple.study.core import Claim, Run, Study, diverged, is_finished, run_dir
 
 
 _ARCHITECTURES = {'x86_64', 'amd64', 'aarch64', 'arm64', 'i386', 'i686', ''}
@@ -227,7 +227,9 @@ def report(study: Study, workdir: str, results_path: str, figures_dir: str, comm
   if dates:
     lines.append(f'- Run dates: {min(dates)} to {max(dates)}.')
   done = sum(is_finished(workdir, r) for r in study.runs)
-  lines += [f'- Finished runs: {done} of {len(study.runs)}.', '']
+  gone = [r.name for r in study.runs if diverged(workdir, r) is not None]
+  lines += [f'- Finished runs: {done} of {len(study.runs)}' + (f'; diverged (stopped, not in the tables): '
+            f'{", ".join(gone)}' if gone else '') + '.', '']
   header = ['row'] + [c for col in study.columns for c in (col, 'paper')
                       if c != 'paper' or any((row, col) in study.paper for row in study.rows)]
   lines += ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]

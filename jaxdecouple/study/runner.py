@@ -6,12 +6,13 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import time
 from typing import Callable
 
-from jaxdecouple.study.core import Study, is_finished, run_dir
+from jaxdecouple.study.core import Study, diverged, is_finished, run_dir
 
 
 def _alive(pid) -> bool:
@@ -126,10 +127,15 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
   starts. For machines that stop at a fixed time, where a run cut short loses its checkpoints.
   A finished run's checkpoints are deleted unless ``keep_checkpoints`` (the report needs only its
   metrics; a pipeline method's checkpoint holds the in-flight activations: 200-430 MB for ResNet-20)."""
+  from jaxdecouple.errors import DivergenceError
   from jaxdecouple.train import train_and_evaluate
   start, ran = time.time(), 0
   for i, run in enumerate(study.runs):
     if is_finished(workdir, run):
+      continue
+    if (record := diverged(workdir, run)) is not None:  # deterministic: running it again diverges again
+      log(f'[{i + 1}/{len(study.runs)}] {run.name} diverged at step {record["step"]}; passed over (remove its '
+          'diverged.json to run it again)')
       continue
     if (max_runs and ran >= max_runs) or (time_limit_s and time.time() - start > time_limit_s):
       break
@@ -151,8 +157,16 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
         f.write(json.dumps({'date': datetime.datetime.now().isoformat(timespec='seconds'), **machine()}) + '\n')
       log(f'[{i + 1}/{len(study.runs)}] {run.name} (progress: {os.path.join(where, "log.txt")})')
       whole, began = not os.path.isdir(os.path.join(where, 'checkpoints')), time.time()
-      with _progress_to(os.path.join(where, 'log.txt'), console):
-        result = train_and_evaluate(run.config(data_path), where)
+      try:
+        with _progress_to(os.path.join(where, 'log.txt'), console):
+          result = train_and_evaluate(run.config(data_path), where)
+      except DivergenceError as e:  # recorded, and the study goes on with its next run
+        step = int(m.group(1)) if (m := re.search(r'at step (\d+)', str(e))) else None
+        with open(os.path.join(where, 'diverged.json'), 'w', encoding='utf-8') as f:
+          json.dump({'step': step, 'message': str(e)}, f)
+        log(f'{run.name} diverged: {e}')
+        ran += 1
+        continue
       ran += 1
       if not result.finished:  # stopped by SIGTERM: leave it to the next call
         log(f'{run.name} stopped at step {result.step}; run the same command again to continue')
