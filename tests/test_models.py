@@ -19,6 +19,36 @@ def test_parameter_counts_match_the_papers(name):
   assert abs(count_params(shapes['params']) / PAPER_COUNTS[name] - 1) < 0.02
 
 
+# torchvision's counts (1000 classes), and ResIST's pre-activation ResNet-101 with the ImageNet stem.
+IMAGENET_COUNTS = {'imagenet_resnet18': 11_689_512, 'imagenet_resnet34': 21_797_672,
+                   'imagenet_resnet50': 25_557_032, 'imagenet_resnet101': 44_549_160,
+                   'imagenet_resnet152': 60_192_808, 'imagenet_preact101': 41_867_304}
+
+
+@pytest.mark.parametrize('name', sorted(IMAGENET_COUNTS))
+def test_imagenet_resnets_have_torchvisions_parameter_counts(name):
+  model = build_model(name, 1000)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3))))
+  assert count_params(shapes['params']) == IMAGENET_COUNTS[name]
+  out = jax.eval_shape(lambda v, x: model.apply(v, x, train=False)[0], shapes, jnp.zeros((2, 224, 224, 3)))
+  assert out.shape == (2, 1000)
+
+
+def test_imagenet_resnets_are_cut_and_partitioned_like_the_cifar_ones():
+  """The stem's 7x7 convolution and max-pool take 224 pixels to 56; stages cut anywhere compose (the test
+  below, on a small input); ResIST partitions the third section's blocks after its first."""
+  from jaxdecouple.pipeline.splits import choose_split
+  from jaxdecouple.replica.partition import partitioned_blocks
+  model = build_model('imagenet_resnet50', 1000)
+  stem = jax.eval_shape(lambda: model.chain.modules[0].init_with_output(
+      jax.random.key(0), jnp.zeros((1, 224, 224, 3)), train=False)[0])
+  assert stem.shape == (1, 56, 56, 64)
+  assert len(model.block_names) == 18 and model.block_names[1:5] == ('s1b0', 's1b1', 's1b2', 's2b0')
+  split = choose_split(build_model('imagenet_resnet18', 10), 2, 'balanced', (64, 64, 3))
+  assert len(split.boundaries) == 1
+  assert partitioned_blocks(build_model('imagenet_preact101', 1000)) == tuple(f's3b{i}' for i in range(1, 23))
+
+
 @pytest.mark.parametrize('name,depth', [('resnet20', 9), ('resnet110', 54), ('resnet18', 8),
                                         ('wrn28_10', 12), ('preact101', 33)])
 def test_block_lists(name, depth):
@@ -34,7 +64,8 @@ def test_unknown_model_names_the_allowed_ones():
 
 
 @pytest.mark.parametrize('name,boundaries', [('resnet20', [1]), ('resnet20', [4, 7, 10]),
-                                             ('preact_tiny', [3, 9]), ('resnet8', [1, 2, 3, 4])])
+                                             ('preact_tiny', [3, 9]), ('resnet8', [1, 2, 3, 4]),
+                                             ('imagenet_resnet18', [3, 7])])
 def test_stages_compose_to_the_whole_model(name, boundaries):
   model = build_model(name, 10)
   x = jax.random.normal(jax.random.key(1), (4, 32, 32, 3))

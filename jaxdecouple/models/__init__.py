@@ -2,7 +2,8 @@
 
 Names: ``resnet{6n+2}`` (CIFAR ResNet-20/32/44/56/110, and resnet8 for quick runs), ``resnet18``,
 ``wrn{6n+4}_{k}`` (wrn28_10), ``preact101`` (ResIST's [3, 4, 23, 3]), ``preact_s3_{n}`` (its deeper or
-shallower variants [3, 4, n, 3]), ``preact_tiny`` ([1, 1, 6, 1], 8..64 channels, for tests and CPU studies) and
+shallower variants [3, 4, n, 3]), ``imagenet_resnet{18,34,50,101,152}`` and ``imagenet_preact101`` (the
+ImageNet forms: 7x7 stride-2 stem and max-pool; bottlenecks from 50 on), ``preact_tiny`` ([1, 1, 6, 1], 8..64 channels, for tests and CPU studies) and
 ``preact_tiny_s3_{n}`` ([1, 1, n, 1], 8..64 channels: n - 1 partitioned blocks for ResIST on a CPU).
 """
 from __future__ import annotations
@@ -12,10 +13,12 @@ import re
 import dataclasses
 
 from jaxdecouple.models.core import Chain, Model, count_params, merge, relayout, subset
-from jaxdecouple.models.resnet import AuxHead, adaptive_avg_pool, cifar_resnet, preact_resnet, resnet18, wide_resnet
+from jaxdecouple.models.resnet import (IMAGENET_DEPTHS, AuxHead, adaptive_avg_pool, cifar_resnet, imagenet_preact_resnet,
+                                      imagenet_resnet, preact_resnet, resnet18, wide_resnet)
 
 MODEL_HELP = ('resnet{6n+2} (e.g. resnet20, resnet56, resnet110), resnet18, wrn{6n+4}_{k} (e.g. wrn28_10), '
-              'preact101, preact_s3_{n}, preact_tiny, preact_tiny_s3_{n}')
+              'preact101, preact_s3_{n}, preact_tiny, preact_tiny_s3_{n}; ImageNet form (7x7 stem, max-pool): '
+              'imagenet_resnet{18,34,50,101,152}, imagenet_preact101')
 
 
 def build_model(name: str, num_classes: int, scan_min: int = 0) -> Model:
@@ -43,6 +46,11 @@ def _build(name: str, num_classes: int) -> Model:
     depth, widen = int(m.group(1)), int(m.group(2))
     if depth >= 10 and (depth - 4) % 6 == 0 and widen >= 1:
       return wide_resnet(depth, widen, num_classes)
+  if m := re.fullmatch(r'imagenet_resnet(\d+)', name):
+    if int(m.group(1)) in IMAGENET_DEPTHS:
+      return imagenet_resnet(int(m.group(1)), num_classes)
+  if name == 'imagenet_preact101':
+    return imagenet_preact_resnet([3, 4, 23, 3], num_classes, name=name)
   if name == 'preact101':
     return preact_resnet([3, 4, 23, 3], num_classes, name=name)
   if m := re.fullmatch(r'preact_s3_(\d+)', name):

@@ -1,4 +1,5 @@
-"""The papers' networks as chains of blocks: CIFAR ResNets, ResNet-18, WRN-28-10, pre-activation ResNets.
+"""The papers' networks as chains of blocks: CIFAR ResNets, ResNet-18, WRN-28-10, pre-activation ResNets,
+and the ImageNet ResNets (7x7 stem and max-pool; basic and bottleneck blocks).
 
 Every network ends in global average pooling (the reference code averaged only the top-left 6x6
 of the 8x8 map, a pooling-window bug we do not copy). BatchNorm uses PyTorch's defaults
@@ -42,6 +43,21 @@ class Stem(nn.Module):
     return x
 
 
+class ImageNetStem(nn.Module):
+  """The ImageNet ResNets' stem: 7x7 stride-2 convolution, then (post-activation nets) BatchNorm and
+  ReLU, then a 3x3 stride-2 max-pool: 224 pixels become 56."""
+  features: int = 64
+  norm: bool = True
+  bn_axis: str | None = None  # see batch_norm
+
+  @nn.compact
+  def __call__(self, x, train: bool = True):
+    x = Conv(self.features, (7, 7), 2, padding=3)(x)
+    if self.norm:
+      x = nn.relu(batch_norm(train, self.bn_axis)(x))
+    return nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
+
+
 class BasicBlock(nn.Module):
   """Post-activation basic block. ``shortcut='pad'`` is He et al.'s option A (CIFAR ResNets:
   subsample and zero-pad channels, no parameters); ``'conv'`` is a 1x1 projection (ResNet-18)."""
@@ -64,6 +80,24 @@ class BasicBlock(nn.Module):
       else:
         x = Conv(self.features, (1, 1), self.stride)(x)
         x = batch_norm(train, self.bn_axis)(x)
+    return nn.relu(x + y)
+
+
+class Bottleneck(nn.Module):
+  """Post-activation bottleneck block of ResNet-50/101/152: 1x1 to ``features``, 3x3 (carrying the
+  stride, as torchvision's "v1.5"), 1x1 to 4 x ``features``; a 1x1 projection shortcut where the shape
+  changes. The last BatchNorm's scale starts at 1 (torchvision's default)."""
+  features: int
+  stride: int = 1
+  bn_axis: str | None = None  # see batch_norm
+
+  @nn.compact
+  def __call__(self, x, train: bool = True):
+    y = nn.relu(batch_norm(train, self.bn_axis)(Conv(self.features, (1, 1))(x)))
+    y = nn.relu(batch_norm(train, self.bn_axis)(Conv(self.features, (3, 3), self.stride, padding=1)(y)))
+    y = batch_norm(train, self.bn_axis)(Conv(4 * self.features, (1, 1))(y))
+    if x.shape != y.shape:
+      x = batch_norm(train, self.bn_axis)(Conv(4 * self.features, (1, 1), self.stride)(x))
     return nn.relu(x + y)
 
 
@@ -155,6 +189,29 @@ def preact_resnet(depths: Sequence[int], num_classes: int, widths=(64, 128, 256,
   chain, where = _chain(Stem(widths[0], norm=False), _sections(PreActBlock, depths, widths),
                         Head(num_classes, norm=True))
   return Model(name or 'preact_' + '_'.join(map(str, depths)), chain, num_classes, where)
+
+
+IMAGENET_DEPTHS = {18: (BasicBlock, [2, 2, 2, 2]), 34: (BasicBlock, [3, 4, 6, 3]),
+                   50: (Bottleneck, [3, 4, 6, 3]), 101: (Bottleneck, [3, 4, 23, 3]),
+                   152: (Bottleneck, [3, 8, 36, 3])}
+
+
+def imagenet_resnet(depth: int, num_classes: int) -> Model:
+  """He et al.'s ImageNet ResNet-18/34 (basic blocks) and -50/101/152 (bottlenecks): 7x7 stride-2 stem
+  with max-pool, four sections of 64..512 (x4 for bottlenecks) channels, the first unstrided."""
+  if depth not in IMAGENET_DEPTHS:
+    raise ValueError(f'ImageNet ResNet depth must be one of {sorted(IMAGENET_DEPTHS)}, got {depth}')
+  block, depths = IMAGENET_DEPTHS[depth]
+  chain, where = _chain(ImageNetStem(), _sections(block, depths, [64, 128, 256, 512]), Head(num_classes))
+  return Model(f'imagenet_resnet{depth}', chain, num_classes, where)
+
+
+def imagenet_preact_resnet(depths: Sequence[int], num_classes: int, name: str) -> Model:
+  """ResIST's pre-activation ResNet (basic blocks, [3, 4, n, 3]) with the ImageNet stem (7x7 stride-2
+  convolution and max-pool; BatchNorm and ReLU come first in each block, as in the CIFAR form)."""
+  chain, where = _chain(ImageNetStem(norm=False), _sections(PreActBlock, depths, [64, 128, 256, 512]),
+                        Head(num_classes, norm=True))
+  return Model(name, chain, num_classes, where)
 
 
 def adaptive_avg_pool(x: jax.Array, size: int) -> jax.Array:
