@@ -56,7 +56,8 @@ def main(process_id: int, port: int, workdir: str, out: str, runs: list[str]):
     result = train_and_evaluate(config, os.path.join(workdir, name))
     leaves = jax.tree_util.tree_flatten_with_path(result.variables)[0]
     np.savez(f'{out}_{name}.npz', **{jax.tree_util.keystr(p): np.asarray(x) for p, x in leaves},
-             __step__=np.array(result.step), __accuracy__=np.array(result.last_eval['test_accuracy']))
+             __step__=np.array(result.step),  # a run stopped before its first evaluation has no accuracy
+             __accuracy__=np.array(result.last_eval['test_accuracy'] if result.last_eval else np.nan))
   print('worker done', flush=True)
 
 

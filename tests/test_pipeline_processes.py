@@ -83,7 +83,7 @@ def test_a_killed_process_and_a_sigterm_resume_exactly(tmp_path):
   """Process 1 dies right after its checkpoint at step 4 (kill -9) and process 0 is killed too; both
   restart and resume. Then a SIGTERM to process 1 alone stops both at the same step with a checkpoint,
   and a restart finishes. The end equals an uninterrupted run in one process."""
-  steps, ckpt = 60, tmp_path / 'w' / 'r' / 'checkpoints'
+  steps, ckpt = 40, tmp_path / 'w' / 'r' / 'checkpoints'
   procs = start(tmp_path, 1, [f'r:fdg:2:{steps}:die=1@4'])
   assert procs[1].wait(timeout=300) == -signal.SIGKILL
   procs[0].kill()  # left waiting for its dead neighbour's messages
