@@ -26,6 +26,8 @@ and warmed first, then R rounds each timing every run in turn) and reports the m
 per-round ratios with their range. Prints one JSON line per run, then a markdown table.
 Models: see jaxdecouple.models (the replica methods need a pre-activation ResNet, e.g. preact101,
 preact_tiny; BP and the pipeline methods run it too).
+--processes times a 2-process pipeline instead (each stage in its own single-core process), against BP on
+one core and on two: benchmarks/pipeline_processes.py, docs/PERFORMANCE.md.
 """
 from __future__ import annotations
 
@@ -59,6 +61,10 @@ def parse_args(argv=None):
                  'peak device memory (a process reports one high-water mark)')
   p.add_argument('--cpu_devices', type=int, default=0, help='split the host CPU into N JAX devices')
   p.add_argument('--json_out', default='', help='also append the JSON lines to this file')
+  p.add_argument('--processes', action='store_true',
+                 help='instead: FDG K=2 with each stage in its own single-core process (jax.distributed on '
+                 'loopback) against BP in one process on one core and on two (benchmarks/pipeline_processes.py '
+                 'with --model, --batch, --warmup, --iters, --json_out)')
   return p.parse_args(argv)
 
 
@@ -160,6 +166,12 @@ class _Run:
 
 def main(argv=None):
   args = parse_args(argv)
+  if args.processes:  # each process pinned before JAX starts: a script of its own runs them
+    import subprocess
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'pipeline_processes.py')
+    raise SystemExit(subprocess.call([sys.executable, script, f'--model={args.model}', f'--batch={args.batch}',
+                                      f'--warmup={args.warmup}', f'--iters={args.iters}',
+                                      *([f'--json_out={args.json_out}'] if args.json_out else [])]))
   runs = args.runs.split(',')
   if args.rounds < 1 or args.iters < 1:
     raise SystemExit('throughput.py: --rounds and --iters must be at least 1')
