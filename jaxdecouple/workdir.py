@@ -31,8 +31,7 @@ MAY_CHANGE_ON_RESUME = (
     'checkpoint_every_steps', 'keep_checkpoints', 'profile_every_steps', 'pipeline.diagnose_every_steps',
     'cpu_devices', 'split_backward', 'dp.num_devices', 'pipeline.num_devices', 'replica.num_devices',
     'replica.skip', 'data.path', 'data.idx_dir', 'data.tfds_data_dir', 'data.tfds_download',
-    'distributed.coordinator', 'distributed.transfer_address', 'distributed.process_id',
-    'distributed.num_processes', 'resume_changes',
+    'distributed.coordinator', 'distributed.transfer_address', 'distributed.process_id', 'resume_changes',
 )
 
 
