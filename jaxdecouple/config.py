@@ -34,6 +34,8 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.keep_checkpoints = 2
   c.cpu_devices = 0            # > 0: split the host CPU into this many JAX devices (before JAX starts)
   c.split_backward = 'auto'    # forward and backward in two compiled calls: auto (on for CPU), on, off
+  c.compute_dtype = 'float32'  # float32, or bfloat16: activations and convolutions in bfloat16; parameters,
+                               # optimizer state, BatchNorm statistics and the loss in float32
   c.resume_changes = ''        # fields this run may change on resume although they change what is computed,
                                # comma-separated (e.g. 'optim.learning_rate' after a divergence)
 
@@ -189,6 +191,7 @@ def validate(config) -> None:
   _choice(config, 'data.source', data.SOURCES)
   _choice(config, 'data.normalization', ('default', 'adl'))
   _choice(config, 'split_backward', ('auto', 'on', 'off'))
+  _choice(config, 'compute_dtype', ('float32', 'bfloat16'))
   _choice(config, 'optim.warmup', ('none', 'constant', 'linear'))
   for field in ('batch_size', 'num_epochs', 'eval_every_epochs', 'eval_batch_size', 'log_every_steps',
                 'keep_checkpoints', 'optim.learning_rate', 'data.synthetic_train_size',

@@ -205,7 +205,8 @@ def start_processes(d, pipeline: bool = False) -> None:
 
 def build_setup(config, dataset) -> Setup:
   model = build_model(config.model, dataset.num_classes,
-                      scan_min=config.scan_blocks if METHODS[config.method].scans_blocks else 0)
+                      scan_min=config.scan_blocks if METHODS[config.method].scans_blocks else 0,
+                      dtype=config.compute_dtype)
   steps_per_epoch = len(dataset.x_train) // config.batch_size
   preprocess = Preprocess(tuple(dataset.mean), tuple(dataset.std), config.data.crop_padding,
                           config.data.flip, config.data.augment)

@@ -152,6 +152,7 @@ def test_bad_config_values(tmp_path):
       ('coordinator', [*Q, '--config.distributed.coordinator=localhost'], 'config.distributed.coordinator'),
       ('npz-without-path', [*Q, '--config.data.source=npz'], 'config.data.path'),
       ('resume-changes-unknown', [*Q, '--config.resume_changes=optim.lr'], 'config.resume_changes'),
+      ('compute-dtype', [*Q, '--config.compute_dtype=float16'], 'config.compute_dtype'),
   ])
 
 

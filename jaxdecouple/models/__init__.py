@@ -8,9 +8,10 @@ ImageNet forms: 7x7 stride-2 stem and max-pool; bottlenecks from 50 on), ``preac
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
-import dataclasses
+import jax.numpy as jnp
 
 from jaxdecouple.models.core import Chain, Model, count_params, merge, relayout, subset
 from jaxdecouple.models.resnet import (IMAGENET_DEPTHS, AuxHead, adaptive_avg_pool, cifar_resnet, imagenet_preact_resnet,
@@ -21,11 +22,19 @@ MODEL_HELP = ('resnet{6n+2} (e.g. resnet20, resnet56, resnet110), resnet18, wrn{
               'imagenet_resnet{18,34,50,101,152}, imagenet_preact101')
 
 
-def build_model(name: str, num_classes: int, scan_min: int = 0) -> Model:
+def build_model(name: str, num_classes: int, scan_min: int = 0, dtype='float32') -> Model:
   """Builds a registered model; raises ValueError naming the allowed names. ``scan_min`` > 0: runs of at
-  least that many identical blocks run as one scanned loop (see models/core.py)."""
+  least that many identical blocks run as one scanned loop (see models/core.py). ``dtype``: the blocks'
+  compute type ('float32' or 'bfloat16': activations and convolutions in bfloat16; parameters, BatchNorm
+  statistics and the logits in float32)."""
   model = _build(name, num_classes)
-  return dataclasses.replace(model, chain=dataclasses.replace(model.chain, scan_min=scan_min)) if scan_min else model
+  if scan_min:
+    model = dataclasses.replace(model, chain=dataclasses.replace(model.chain, scan_min=scan_min))
+  if dtype != 'float32':
+    dtype = jnp.dtype(dtype)
+    modules = tuple(m.clone(dtype=dtype) for m in model.chain.modules)
+    model = dataclasses.replace(model, chain=dataclasses.replace(model.chain, modules=modules), dtype=dtype)
+  return model
 
 
 MAX_BLOCKS = 1000  # ResNet-1202 has 600; far deeper names only hang the model's construction

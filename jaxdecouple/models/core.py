@@ -175,6 +175,7 @@ class Model:
   # Block name -> (section index, index inside the section) for residual blocks; used by the
   # reference stage splits ("S2[:4]") and by width-wise partitions.
   sections: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+  dtype: Any = jnp.float32  # the blocks' compute type (bfloat16: mixed precision; parameters stay float32)
 
   @property
   def block_names(self) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ of the 8x8 map, a pooling-window bug we do not copy). BatchNorm uses PyTorch's d
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -21,12 +21,14 @@ conv_init = nn.initializers.variance_scaling(2.0, 'fan_out', 'normal')
 Conv = functools.partial(nn.Conv, use_bias=False, kernel_init=conv_init)
 
 
-def batch_norm(train: bool, axis_name: str | None = None, name: str | None = None) -> nn.BatchNorm:
+def batch_norm(train: bool, axis_name: str | None = None, name: str | None = None, dtype=jnp.float32) -> nn.BatchNorm:
   # Two-pass variance: Flax's default E[x^2] - E[x]^2 loses precision in float32 when activations
   # have a large mean, and the lost bits differ between compilations.
   # axis_name: statistics over the whole batch when it is sharded over that mapped axis (data parallel).
+  # dtype: that of the output; Flax computes the statistics in at least float32, and keeps them and the
+  # scale and bias in float32 (mixed precision).
   return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5, use_fast_variance=False,
-                      axis_name=axis_name if train else None, name=name)
+                      axis_name=axis_name if train else None, name=name, dtype=dtype)
 
 
 class Stem(nn.Module):
@@ -34,12 +36,13 @@ class Stem(nn.Module):
   features: int
   norm: bool = True
   bn_axis: str | None = None  # see batch_norm
+  dtype: Any = jnp.float32     # compute type (bfloat16: mixed precision); parameters stay float32
 
   @nn.compact
   def __call__(self, x, train: bool = True):
-    x = Conv(self.features, (3, 3), padding=1)(x)
+    x = Conv(self.features, (3, 3), padding=1, dtype=self.dtype)(x)
     if self.norm:
-      x = nn.relu(batch_norm(train, self.bn_axis)(x))
+      x = nn.relu(batch_norm(train, self.bn_axis, dtype=self.dtype)(x))
     return x
 
 
@@ -49,12 +52,13 @@ class ImageNetStem(nn.Module):
   features: int = 64
   norm: bool = True
   bn_axis: str | None = None  # see batch_norm
+  dtype: Any = jnp.float32     # compute type (bfloat16: mixed precision); parameters stay float32
 
   @nn.compact
   def __call__(self, x, train: bool = True):
-    x = Conv(self.features, (7, 7), 2, padding=3)(x)
+    x = Conv(self.features, (7, 7), 2, padding=3, dtype=self.dtype)(x)
     if self.norm:
-      x = nn.relu(batch_norm(train, self.bn_axis)(x))
+      x = nn.relu(batch_norm(train, self.bn_axis, dtype=self.dtype)(x))
     return nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
 
 
@@ -65,21 +69,22 @@ class BasicBlock(nn.Module):
   stride: int = 1
   shortcut: str = 'conv'
   bn_axis: str | None = None  # see batch_norm
+  dtype: Any = jnp.float32     # compute type (bfloat16: mixed precision); parameters stay float32
 
   @nn.compact
   def __call__(self, x, train: bool = True):
-    y = Conv(self.features, (3, 3), self.stride, padding=1)(x)
-    y = nn.relu(batch_norm(train, self.bn_axis)(y))
-    y = Conv(self.features, (3, 3), padding=1)(y)
-    y = batch_norm(train, self.bn_axis)(y)
+    y = Conv(self.features, (3, 3), self.stride, padding=1, dtype=self.dtype)(x)
+    y = nn.relu(batch_norm(train, self.bn_axis, dtype=self.dtype)(y))
+    y = Conv(self.features, (3, 3), padding=1, dtype=self.dtype)(y)
+    y = batch_norm(train, self.bn_axis, dtype=self.dtype)(y)
     if x.shape != y.shape:
       if self.shortcut == 'pad':
         x = x[:, ::self.stride, ::self.stride, :]
         extra = self.features - x.shape[-1]
         x = jnp.pad(x, ((0, 0), (0, 0), (0, 0), (extra // 2, extra - extra // 2)))
       else:
-        x = Conv(self.features, (1, 1), self.stride)(x)
-        x = batch_norm(train, self.bn_axis)(x)
+        x = Conv(self.features, (1, 1), self.stride, dtype=self.dtype)(x)
+        x = batch_norm(train, self.bn_axis, dtype=self.dtype)(x)
     return nn.relu(x + y)
 
 
@@ -90,14 +95,17 @@ class Bottleneck(nn.Module):
   features: int
   stride: int = 1
   bn_axis: str | None = None  # see batch_norm
+  dtype: Any = jnp.float32     # compute type (bfloat16: mixed precision); parameters stay float32
 
   @nn.compact
   def __call__(self, x, train: bool = True):
-    y = nn.relu(batch_norm(train, self.bn_axis)(Conv(self.features, (1, 1))(x)))
-    y = nn.relu(batch_norm(train, self.bn_axis)(Conv(self.features, (3, 3), self.stride, padding=1)(y)))
-    y = batch_norm(train, self.bn_axis)(Conv(4 * self.features, (1, 1))(y))
+    bn = functools.partial(batch_norm, train, self.bn_axis, dtype=self.dtype)
+    conv = functools.partial(Conv, dtype=self.dtype)
+    y = nn.relu(bn()(conv(self.features, (1, 1))(x)))
+    y = nn.relu(bn()(conv(self.features, (3, 3), self.stride, padding=1)(y)))
+    y = bn()(conv(4 * self.features, (1, 1))(y))
     if x.shape != y.shape:
-      x = batch_norm(train, self.bn_axis)(Conv(4 * self.features, (1, 1), self.stride)(x))
+      x = bn()(conv(4 * self.features, (1, 1), self.stride)(x))
     return nn.relu(x + y)
 
 
@@ -109,16 +117,17 @@ class PreActBlock(nn.Module):
   stride: int = 1
   residual_scale: float = 1.0
   bn_axis: str | None = None  # see batch_norm
+  dtype: Any = jnp.float32     # compute type (bfloat16: mixed precision); parameters stay float32
 
   @nn.compact
   def __call__(self, x, train: bool = True):
-    out = nn.relu(batch_norm(train, self.bn_axis)(x))
+    out = nn.relu(batch_norm(train, self.bn_axis, dtype=self.dtype)(x))
     shortcut = x
     if self.stride != 1 or x.shape[-1] != self.features:
-      shortcut = Conv(self.features, (1, 1), self.stride)(out)
-    y = Conv(self.features, (3, 3), self.stride, padding=1)(out)
-    y = nn.relu(batch_norm(train, self.bn_axis)(y))
-    y = Conv(self.features, (3, 3), padding=1)(y)
+      shortcut = Conv(self.features, (1, 1), self.stride, dtype=self.dtype)(out)
+    y = Conv(self.features, (3, 3), self.stride, padding=1, dtype=self.dtype)(out)
+    y = nn.relu(batch_norm(train, self.bn_axis, dtype=self.dtype)(y))
+    y = Conv(self.features, (3, 3), padding=1, dtype=self.dtype)(y)
     return shortcut + self.residual_scale * y
 
 
@@ -127,13 +136,14 @@ class Head(nn.Module):
   num_classes: int
   norm: bool = False
   bn_axis: str | None = None  # see batch_norm
+  dtype: Any = jnp.float32     # compute type (bfloat16: mixed precision); parameters stay float32
 
   @nn.compact
   def __call__(self, x, train: bool = True):
     if self.norm:
-      x = nn.relu(batch_norm(train, self.bn_axis)(x))
+      x = nn.relu(batch_norm(train, self.bn_axis, dtype=self.dtype)(x))
     x = jnp.mean(x, axis=(1, 2))
-    return nn.Dense(self.num_classes)(x)
+    return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
 
 
 def _chain(stem: nn.Module, sections: Sequence[Sequence[nn.Module]], head: nn.Module):
@@ -232,15 +242,18 @@ class AuxHead(nn.Module):
   min(ceil(H/4), 2), flatten, three (linear, BN, ReLU) layers keeping the width, linear classifier."""
   num_classes: int
   bn_axis: str | None = None  # see batch_norm
+  dtype: Any = jnp.float32     # compute type (bfloat16: mixed precision); parameters stay float32
 
   @nn.compact
   def __call__(self, x, train: bool = True):
     size = -(-x.shape[1] // 4)
     x = adaptive_avg_pool(x, size)
     for _ in range(3):
-      x = nn.relu(batch_norm(train, self.bn_axis)(Conv(x.shape[-1], (1, 1))(x)))
+      x = Conv(x.shape[-1], (1, 1), dtype=self.dtype)(x)
+      x = nn.relu(batch_norm(train, self.bn_axis, dtype=self.dtype)(x))
     x = adaptive_avg_pool(x, min(size, 2))
     x = x.reshape(x.shape[0], -1)
     for _ in range(3):
-      x = nn.relu(batch_norm(train, self.bn_axis)(nn.Dense(x.shape[-1], use_bias=False)(x)))
-    return nn.Dense(self.num_classes)(x)
+      x = nn.Dense(x.shape[-1], use_bias=False, dtype=self.dtype)(x)
+      x = nn.relu(batch_norm(train, self.bn_axis, dtype=self.dtype)(x))
+    return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)

@@ -79,7 +79,7 @@ class Stage:
 
   def __init__(self, index: int, chain: Chain, schedule: Schedule, keep: str, beta: float,
                optimizer: Optimizer, lr: Callable, inputs: Callable, split: bool, device: jax.Device,
-               num_classes: int):
+               num_classes: int, dtype=None):
     self.index, self.chain, self.schedule, self.device = index, chain, schedule, device
     self.optimizer, self.lr, self.split, self.beta = optimizer, lr, split, beta
     self.source, self.delay = schedule.source(index), schedule.delay(index)
@@ -87,7 +87,8 @@ class Stage:
     self.sends_gradient = schedule.sends_gradient(index)
     self.forward_first = schedule.forward_before_update(index)
     self.inputs = inputs if index == 0 else (lambda x, step: x)  # stage 0: augmentation, normalisation
-    self.head = AuxHead(num_classes) if self.source == 'local' else None
+    self.head = AuxHead(num_classes, **({'dtype': dtype} if dtype is not None else {})) \
+        if self.source == 'local' else None
     self._kept = VjpStash()  # ring slots (keep='vjp') and residuals recomputed in a call of their own
     # The consumed ring slot is donated when its buffers can hold the new one (keep='vjp').
     self.iterate = jax.jit(self._iterate, donate_argnums=(0, 1, 2, 3, 4) if self.keep == 'vjp' else (0, 1, 2, 3),
@@ -229,7 +230,8 @@ class Pipeline:
     self.model, self.split, self.schedule, self.optimizer = model, split, schedule, optimizer
     self.keep, self.beta, self.inputs = keep, beta, inputs
     self.devices = [devices[k % len(devices)] for k in range(schedule.num_stages)]
-    self.stages = [Stage(k, c, schedule, keep, beta, optimizer, lr, inputs, split_backward, d, model.num_classes)
+    self.stages = [Stage(k, c, schedule, keep, beta, optimizer, lr, inputs, split_backward, d, model.num_classes,
+                         model.dtype)
                    for k, (c, d) in enumerate(zip(model.cut(split.boundaries), self.devices))]
     self.message_bytes: list[int] = []
     self._tags: dict | None = None
