@@ -70,7 +70,7 @@ def parse_args(argv=None):
 
 def _child_argv(args, run):
   """The command line that benchmarks one run alone (--isolate)."""
-  skip = {'runs', 'isolate', 'json_out', 'rounds'}
+  skip = {'runs', 'isolate', 'json_out', 'rounds', 'processes'}
   flags = [f'--{k}={v}' for k, v in vars(args).items() if k not in skip]
   return [sys.executable, os.path.abspath(__file__), *flags, f'--runs={run}']
 
