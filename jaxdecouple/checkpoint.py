@@ -5,7 +5,8 @@ placement of a freshly initialised state (the template), so pipeline stages come
 devices. The latest checkpoint that restores wins: a damaged, half-written or corrupted one is moved
 aside with a warning in favour of the one before. Corruption is found with checksums: a CRC-32 of every
 array's bytes, taken from the state being saved, is written beside each step (``checksums/STEP.json``)
-and compared with the restored arrays. A checkpoint whose arrays do not match the config (another
+(``STEP.process_P.json`` per process where processes share the folder) and compared with the restored
+arrays. A checkpoint whose arrays do not match the config (another
 model, K or method) stops the run with a message rather than being silently ignored. A checkpoint that
 cannot be written (no space, no permission) stops the run with one line.
 """
@@ -111,16 +112,22 @@ class Checkpointer:
           f'last checkpoint written') from e
 
   def _checksum_path(self, step: int) -> str:
-    return os.path.join(self.checksums, f'{step}.json')
+    """Each process's own file where processes share the folder (orbax's global arrays: each checksums
+    the shards it holds)."""
+    mine = '' if self.per_process or jax.process_count() == 1 else f'.process_{jax.process_index()}'
+    return os.path.join(self.checksums, f'{step}{mine}.json')
 
   def _forget_checksums(self) -> None:
     """Removes the checksums of steps that rotation deleted (older than the newest step, and gone)."""
     steps = self.all_steps()
     for name in os.listdir(self.checksums):
-      if name.endswith('.json') and name[:-5].isdigit():
-        s = int(name[:-5])
+      if name.endswith('.json') and name.split('.')[0].isdigit():
+        s = int(name.split('.')[0])
         if steps and s < steps[-1] and s not in steps:
-          os.remove(os.path.join(self.checksums, name))
+          try:
+            os.remove(os.path.join(self.checksums, name))
+          except FileNotFoundError:  # another process of this run removed it first
+            pass
 
   def _verify(self, step: int, restored: list) -> None:
     """Raises ValueError when the restored arrays' checksums differ from those written with the step."""

@@ -31,6 +31,7 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path, resist_run)
   for i in range(2):
     got = np.load(tmp_path / f'p{i}.npz')
     assert got['__devices__'].tolist() == [4, 2, 2]
+    assert got['__resumed__'].tolist() == [7, 0]  # resumed to step 7, no checkpoint found damaged
     for key, value in want.items():  # gloo's reductions round differently: see test_resist's note
       err = float(np.max(np.abs(got[key] - value))) / max(float(np.max(np.abs(value))), 0.1)
       assert err <= 2e-4, f'{key}: relative error {err:.3g}'
