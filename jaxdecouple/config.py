@@ -21,7 +21,7 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.model = 'resnet56'         # see jaxdecouple.models.MODEL_HELP
   c.scan_blocks = 0            # runs of at least N identical blocks run as one scanned loop (0: never);
                                # ResNet-1202 compiles in seconds instead of minutes (docs/PERFORMANCE.md)
-  c.dataset = 'cifar10'        # cifar10, cifar100, fashion_mnist
+  c.dataset = 'cifar10'        # cifar10, cifar100, fashion_mnist (in memory); imagenet (streamed from JPEGs)
   c.seed = 0
   c.batch_size = 128
   c.num_epochs = 300
@@ -40,12 +40,20 @@ def get_default_config() -> ml_collections.ConfigDict:
                                # comma-separated (e.g. 'optim.learning_rate' after a divergence)
 
   c.data = ml_collections.ConfigDict()
-  c.data.source = 'auto'       # auto, idx, npz, tfds, synthetic (tests only)
-  c.data.path = ''             # .npz with x_train, y_train, x_test, y_test (or the JPEG CIFAR-10 copy)
+  c.data.source = 'auto'       # auto, idx, npz, tfds, folder (imagenet), synthetic (tests only)
+  c.data.path = ''             # .npz with x_train, y_train, x_test, y_test (or the JPEG CIFAR-10 copy);
+                               # imagenet: a folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG
   c.data.idx_dir = ''          # Fashion-MNIST IDX files; '' = /usr/share/datasets/fashion-mnist
   c.data.tfds_data_dir = ''
   c.data.tfds_download = True
-  c.data.augment = True        # random crop (zero padding) + horizontal flip
+  c.data.tfds_manual_dir = ''  # imagenet: ILSVRC2012_img_train.tar and _val.tar, prepared by tfds (needs TensorFlow)
+  c.data.image_size = 224      # imagenet: training crops and evaluation centre crops are this many pixels a side
+  c.data.workers = 0           # imagenet: threads decoding JPEGs (0: one per core)
+  c.data.prefetch = 2          # imagenet: batches decoded ahead of the step that needs them
+  c.data.imagenet_v2 = ''      # imagenet: also evaluate on ImageNet-V2: 'all' or some of matched-frequency,
+                               # threshold-0.7, topimages (comma-separated)
+  c.data.imagenet_v2_dir = ''  # the folder holding the extracted ImageNet-V2 test sets; '': tensorflow-datasets
+  c.data.augment = True        # random crop (zero padding) + horizontal flip; imagenet: random-resized crop + flip
   c.data.crop_padding = 4
   c.data.flip = True
   c.data.normalization = 'default'  # 'adl': the ADL code's CIFAR-10 std
@@ -177,6 +185,31 @@ def _positive(config, field: str, allow_zero: bool = False):
     fail(field, f'must be {"non-negative" if allow_zero else "positive"}, got {value!r}')
 
 
+def _check_streamed_data(config, data) -> None:
+  streamed = config.dataset in data.STREAMED
+  if streamed and config.data.source not in data.STREAM_SOURCES:
+    fail('data.source', f'{config.data.source!r} holds data in memory; {config.dataset} is streamed from JPEG files: '
+         f'use {", ".join(data.STREAM_SOURCES)}')
+  if not streamed and config.data.source == 'folder':
+    fail('data.source', f"'folder' streams JPEG files (dataset=imagenet); {config.dataset} is read into memory: "
+         "use auto, idx, npz or tfds")
+  if config.data.source == 'folder' and not config.data.path:
+    fail('data.path', "is required when data.source='folder' (a folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG)")
+  if config.data.image_size > 1024:
+    fail('data.image_size', f'{config.data.image_size} pixels is more than 1024; ImageNet models train at 224')
+  if config.data.workers > 256:
+    fail('data.workers', f'{config.data.workers} decoding threads is more than 256; 0 uses one per core')
+  variants = [v.strip() for v in config.data.imagenet_v2.split(',') if v.strip()]
+  if variants:
+    if not streamed:
+      fail('data.imagenet_v2', f'the ImageNet-V2 test sets go with dataset=imagenet, not {config.dataset}')
+    allowed = ('matched-frequency', 'threshold-0.7', 'topimages')
+    wrong = [v for v in variants if v not in allowed] if variants != ['all'] else []
+    if wrong:
+      fail('data.imagenet_v2', f"{wrong[0]!r} is not an ImageNet-V2 test set: give 'all' or some of "
+           f"{', '.join(allowed)}")
+
+
 def validate(config) -> None:
   """Checks every field; raises ConfigError with one line naming the field and what is allowed."""
   from jaxdecouple import data, methods, models  # the registries
@@ -195,10 +228,10 @@ def validate(config) -> None:
   _choice(config, 'optim.warmup', ('none', 'constant', 'linear'))
   for field in ('batch_size', 'num_epochs', 'eval_every_epochs', 'eval_batch_size', 'log_every_steps',
                 'keep_checkpoints', 'optim.learning_rate', 'data.synthetic_train_size',
-                'data.synthetic_test_size'):
+                'data.synthetic_test_size', 'data.image_size', 'data.prefetch'):
     _positive(config, field)
   for field in ('max_steps', 'scan_blocks', 'checkpoint_every_steps', 'profile_every_steps', 'cpu_devices', 'seed', 'optim.weight_decay',
-                'optim.warmup_epochs', 'data.crop_padding'):
+                'optim.warmup_epochs', 'data.crop_padding', 'data.workers'):
     _positive(config, field, allow_zero=True)
   if not 0 <= config.optim.momentum < 1:
     fail('optim.momentum', f'must be in [0, 1), got {config.optim.momentum!r}')
@@ -235,6 +268,7 @@ def validate(config) -> None:
   if config.pipeline.diagnose_every_steps and config.method not in ('fdg', 'adl', 'ddg', 'fr', 'dgl'):
     fail('pipeline.diagnose_every_steps', f'compares a pipeline stage\'s gradient with back-propagation\'s; '
          f'{config.method} has no stages (use fdg, adl, ddg, fr or dgl, or leave it at 0)')
+  _check_streamed_data(config, data)
   if config.data.source == 'npz' and not config.data.path:
     fail('data.path', "is required when data.source='npz' (a .npz with x_train, y_train, x_test, y_test)")
   d = config.distributed

@@ -6,6 +6,7 @@ method's business (jaxdecouple.methods). Metrics stay on the device and are fetc
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 import signal
@@ -21,6 +22,7 @@ from absl import logging
 from jaxdecouple import config as config_lib
 from jaxdecouple.checkpoint import Checkpointer
 from jaxdecouple.data import Preprocess, TrainOrder, load_dataset, normalize
+from jaxdecouple.data.stream import Prefetcher
 from jaxdecouple.errors import DivergenceError
 from jaxdecouple.methods import METHODS, Method, Setup
 from jaxdecouple.models import build_model, count_params
@@ -63,39 +65,63 @@ def use_cpu_devices(n: int) -> None:
 
 
 class Evaluator:
-  """Test loss and accuracy of the whole network, batch by batch, on one device.
+  """Test loss, top-1 (and, with 100 classes or more, top-5) accuracy of the whole network, batch by batch,
+  on one device.
 
   ``predict(variables, images) -> logits`` is the method's (Method.predict_fn). The last, partial
   batch is padded to the batch size (one compiled shape) unless ``exact_batches``: predictions that
   use the batch's own BatchNorm statistics would change with padding, so it then runs at its size,
   and the examples go in a fixed shuffled order, because test sets stored by class (the CIFAR-10 JPEG
-  copy) would otherwise give batches of one class, whose statistics are not the data's.
+  copy) would otherwise give batches of one class, whose statistics are not the data's. A streamed test
+  set (``y`` None) is decoded batch by batch, the next batch while the device works on this one.
   """
 
+  TOP5_FROM_CLASSES = 100
+
   def __init__(self, predict, preprocess: Preprocess, batch_size: int, device: jax.Device,
-               exact_batches: bool = False):
+               exact_batches: bool = False, num_classes: int = 0):
     self.batch_size = batch_size
     self.device = device
     self.exact_batches = exact_batches
+    self.num_classes = num_classes
 
     @jax.jit
     def sums(variables, images, labels, mask):
       logits = predict(variables, normalize(images, preprocess)).astype(jnp.float32)
       losses = -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1)[:, 0]
       correct = jnp.argmax(logits, -1) == labels
-      return jnp.sum(losses * mask), jnp.sum(correct * mask)
+      if logits.shape[-1] >= 5:
+        correct5 = jnp.any(jax.lax.top_k(logits, 5)[1] == labels[:, None], axis=-1)
+      else:
+        correct5 = jnp.zeros_like(correct)
+      return jnp.sum(losses * mask), jnp.sum(correct * mask), jnp.sum(correct5 * mask)
 
     self._sums = sums
 
-  def __call__(self, variables, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
+  def _batches(self, x, y):
+    """(images, labels) of each evaluation batch, in memory or decoded from a stream."""
+    order = np.random.default_rng(0).permutation(len(x)) if self.exact_batches else None
+    if y is not None:
+      if order is not None:
+        x, y = x[order], y[order]
+      for start in range(0, len(x), self.batch_size):
+        yield x[start:start + self.batch_size], y[start:start + self.batch_size]
+      return
+    order = np.arange(len(x)) if order is None else order
+    chunks = [order[a:a + self.batch_size] for a in range(0, len(x), self.batch_size)]
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='eval-prefetch') as ahead:
+      next_batch = ahead.submit(x.take, chunks[0])
+      for i in range(len(chunks)):
+        batch = next_batch.result()
+        if i + 1 < len(chunks):
+          next_batch = ahead.submit(x.take, chunks[i + 1])
+        yield batch
+
+  def __call__(self, variables, x, y: np.ndarray | None, prefix: str = 'test') -> dict[str, float]:
     variables = jax.device_put(variables, self.device)
-    if self.exact_batches:
-      order = np.random.default_rng(0).permutation(len(x))
-      x, y = x[order], y[order]
-    total_loss, total_correct, b = 0.0, 0.0, self.batch_size
+    b = self.batch_size
     parts = []
-    for start in range(0, len(x), b):
-      xb, yb = x[start:start + b], y[start:start + b]
+    for xb, yb in self._batches(x, y):
       mask = np.ones(len(xb), np.float32)
       if len(xb) < b and not self.exact_batches:  # pad the last batch: one compiled shape
         pad = b - len(xb)
@@ -103,10 +129,11 @@ class Evaluator:
         yb = np.concatenate([yb, np.zeros(pad, yb.dtype)])
         mask = np.concatenate([mask, np.zeros(pad, np.float32)])
       parts.append(self._sums(variables, *jax.device_put((xb, yb, mask), self.device)))
-    for loss, correct in jax.device_get(parts):
-      total_loss += float(loss)
-      total_correct += float(correct)
-    return {'test_loss': total_loss / len(x), 'test_accuracy': total_correct / len(x)}
+    totals = np.sum(np.asarray(jax.device_get(parts), np.float64), axis=0)
+    out = {f'{prefix}_loss': totals[0] / len(x), f'{prefix}_accuracy': totals[1] / len(x)}
+    if self.num_classes >= self.TOP5_FROM_CLASSES:
+      out[f'{prefix}_top5_accuracy'] = totals[2] / len(x)
+    return {k: float(v) for k, v in out.items()}
 
 
 def peak_memory(devices) -> dict[str, float]:
@@ -208,8 +235,11 @@ def build_setup(config, dataset) -> Setup:
                       scan_min=config.scan_blocks if METHODS[config.method].scans_blocks else 0,
                       dtype=config.compute_dtype)
   steps_per_epoch = len(dataset.x_train) // config.batch_size
-  preprocess = Preprocess(tuple(dataset.mean), tuple(dataset.std), config.data.crop_padding,
-                          config.data.flip, config.data.augment)
+  if dataset.streamed:  # crops and flips were made on the host as the JPEGs were decoded
+    preprocess = Preprocess(tuple(dataset.mean), tuple(dataset.std), 0, False, False)
+  else:
+    preprocess = Preprocess(tuple(dataset.mean), tuple(dataset.std), config.data.crop_padding,
+                            config.data.flip, config.data.augment)
   return Setup(config=config, model=model, preprocess=preprocess,
                optimizer=make_optimizer(config.optim),
                schedule=make_schedule(config.optim, steps_per_epoch),
@@ -257,6 +287,12 @@ def _train_with(config, workdir: str, stop: _StopSignal, checkpointer: Checkpoin
                '(%d per epoch); devices: %s', config.method, config.dataset, dataset.source,
                len(dataset.x_train), len(dataset.x_test), config.model, total_steps, config.batch_size,
                spe, ', '.join(str(d) for d in setup.devices))
+  if dataset.streamed:
+    logging.info('streaming %s: %d classes, %d-pixel crops decoded by %d threads, %d batches ahead; train %s, '
+                 'test %s%s', config.dataset, dataset.num_classes, config.data.image_size,
+                 config.data.workers or os.cpu_count() or 1, config.data.prefetch, dataset.x_train.files.where,
+                 dataset.x_test.files.where, ''.join(f', {k} {v.files.where} ({len(v)} images)'
+                                                     for k, v in dataset.extra_tests.items()))
 
   state = method.init(jax.random.key(config.seed), method.train_batch(dataset.x_train, dataset.y_train, order, 0))
   restored = checkpointer.restore_latest(state)
@@ -275,7 +311,7 @@ def _train_with(config, workdir: str, stop: _StopSignal, checkpointer: Checkpoin
   writer = MetricWriter(workdir, enabled=jax.process_index() == 0)
   evaluator = Evaluator(method.predict_fn(), setup.preprocess, min(config.eval_batch_size, len(dataset.x_test)),
                         jax.local_devices()[0],
-                        exact_batches=method.eval_uses_batch_statistics)
+                        exact_batches=method.eval_uses_batch_statistics, num_classes=dataset.num_classes)
   eval_every = config.eval_every_epochs * spe
   pending: list[dict] = []
   last_eval, step = None, start
@@ -304,6 +340,8 @@ def _train_with(config, workdir: str, stop: _StopSignal, checkpointer: Checkpoin
       if not np.isfinite(means.get('train_loss', 0.0)):  # read here anyway: the hot loop never waits for it
         diverged(step, f"the training loss is {means['train_loss']}")
       eta = (total_steps - step) * elapsed / max(interval_steps, 1)
+      if dataset.streamed and dataset.x_train.skipped:
+        means['skipped_images'] = dataset.x_train.skipped  # damaged images replaced so far (this process)
       writer.write('train', step, epoch=round(step / spe, 4), images_per_sec=round(rate, 1), **means)
       logging.info('step %d/%d (epoch %.2f): loss %.4f, lr %.4g, %.0f images/s, ETA %s', step,
                    total_steps, step / spe, means.get('train_loss', float('nan')),
@@ -315,7 +353,10 @@ def _train_with(config, workdir: str, stop: _StopSignal, checkpointer: Checkpoin
     flush_metrics(step)
     epoch_time = time.perf_counter() - epoch_start
     t = time.perf_counter()
-    result = evaluator(method.eval_variables(state), dataset.x_test, dataset.y_test)
+    variables = method.eval_variables(state)
+    result = evaluator(variables, dataset.x_test, dataset.y_test)
+    for prefix, images in dataset.extra_tests.items():  # e.g. the ImageNet-V2 test sets
+      result.update(evaluator(variables, images, None, prefix))
     record = writer.write('eval', step, epoch=round(step / spe, 4), **result,
                           epoch_time_s=round(epoch_time, 3), eval_time_s=round(time.perf_counter() - t, 3),
                           train_images_per_sec=round(min(step - start, eval_every) * config.batch_size
@@ -333,6 +374,8 @@ def _train_with(config, workdir: str, stop: _StopSignal, checkpointer: Checkpoin
 
   diagnose_every = config.pipeline.diagnose_every_steps
   batch_of = lambda m: method.train_batch(dataset.x_train, dataset.y_train, order, m)
+  # streamed data: the next batches are decoded while the devices train on this one
+  next_batch = Prefetcher(batch_of, start, total_steps, config.data.prefetch) if dataset.streamed else batch_of
 
   if stop.requested:
     logging.warning('stopped during start-up, before training; run again with the same --workdir')
@@ -340,7 +383,7 @@ def _train_with(config, workdir: str, stop: _StopSignal, checkpointer: Checkpoin
     return RunResult(method, state, start, None, workdir, total_steps)
   try:
     for step in range(start, total_steps):
-      batch = method.train_batch(dataset.x_train, dataset.y_train, order, step)
+      batch = next_batch(step)
       if diagnose_every and step > start and step % diagnose_every == 0:
         t = time.perf_counter()
         figures = method.diagnose(state, batch_of, step)
@@ -376,6 +419,8 @@ def _train_with(config, workdir: str, stop: _StopSignal, checkpointer: Checkpoin
         break
   finally:
     writer.close()
+    if dataset.streamed:
+      next_batch.close()
   checkpointer.wait()
   logging.info('finished at step %d in %s', step, format_duration(time.perf_counter() - run_start))
   return RunResult(method, state, step, last_eval, workdir, total_steps)

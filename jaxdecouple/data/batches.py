@@ -51,8 +51,12 @@ class TrainOrder:
     epoch, i = divmod(step, self.steps_per_epoch)
     return self.permutation(epoch)[i * self.batch_size:(i + 1) * self.batch_size]
 
-  def batch(self, x: np.ndarray, y: np.ndarray, step: int) -> Batch:
+  def batch(self, x, y: np.ndarray | None, step: int) -> Batch:
+    """Step's batch from images in memory (``x[idx]``), or read from a stream (x: StreamImages, y: None),
+    whose random crops and flips are drawn from (seed, stream, step)."""
     idx = self.indices(step)
+    if y is None:
+      return Batch(*x.take(idx, (self.seed, self.stream, step)))
     return Batch(x[idx], y[idx])
 
 

@@ -211,13 +211,23 @@ class Replica:
     return ReplicaState(self.put_workers(stack(params)), self.put_workers(stack(stats)),
                         self.put_workers(stack(opt_state)), self.put_workers(self.membership(0)), anchor)
 
-  def train_batch(self, x: np.ndarray, y: np.ndarray, step: int) -> Batch:
+  def train_batch(self, x, y: np.ndarray | None, step: int) -> Batch:
     """Worker w's batch of this step from its own shuffle of the whole training set (stream w)."""
     if self._orders is None or self._orders[0].num_examples != len(x):
       b, seed = self.setup.config.batch_size, self.setup.config.seed
       self._orders = [TrainOrder(len(x), b, seed, stream=w) for w in range(self.spec.num_workers)]
     idx = np.stack([o.indices(step) for o in self._orders])
-    return Batch(x[idx], y[idx])
+    if y is not None:
+      return Batch(x[idx], y[idx])
+    # streamed images: decode only the workers whose device is this process's (the others' rows are
+    # never read: each process supplies only its own shards), each worker's crops from its own stream
+    images = np.zeros((*idx.shape, *x.shape[1:]), x.dtype)
+    labels = np.zeros(idx.shape, np.int32)
+    here = jax.process_index()
+    for w, order in enumerate(self._orders):
+      if self.mesh.devices.flat[w // self.per_device].process_index == here:
+        images[w], labels[w] = x.take(idx[w], (order.seed, order.stream, step))
+    return Batch(images, labels)
 
   # --- one local iteration ------------------------------------------------------------------------
   def _worker_step(self, params, stats, opt_state, member, images, labels, worker, step):

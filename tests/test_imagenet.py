@@ -1,0 +1,316 @@
+"""The streamed (ImageNet) data path on a tiny ImageNet-format folder the tests write: transforms against
+their definitions, sources (folder, the real tensorflow-datasets module over files written here, ImageNet-V2
+folders), top-5, a damaged image mid-epoch, every method a few steps, and exact resume mid-epoch."""
+import io
+import json
+import math
+import os
+import shutil
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import assert_trees_equal, tiny_config
+from jaxdecouple.data import imagenet, stream
+from jaxdecouple.errors import DataError
+from jaxdecouple.train import Evaluator, train_and_evaluate
+
+
+@pytest.fixture(scope='module')
+def folder(tmp_path_factory):
+  """3 classes, 8 training and 4 validation JPEGs each, 40-72 pixels a side."""
+  return imagenet.write_fake_folder(str(tmp_path_factory.mktemp('imagenet') / 'data'))
+
+
+def streamed_config(root, **overrides):
+  kw = {'dataset': 'imagenet', 'data.source': 'folder', 'data.path': root, 'data.image_size': 16,
+        'batch_size': 8, 'eval_batch_size': 8, 'num_epochs': 2, 'optim.milestones': (), 'log_every_steps': 1,
+        'checkpoint_every_steps': 2, 'data.workers': 2, 'profile_every_steps': 0}
+  return tiny_config(**{**kw, **overrides})
+
+
+def records(workdir, kind):
+  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    return [r for r in map(json.loads, f) if r['kind'] == kind]
+
+
+def jpeg(pixels, quality=95):
+  b = io.BytesIO()
+  Image.fromarray(pixels).save(b, 'JPEG', quality=quality)
+  return b.getvalue()
+
+
+# --- transforms ---------------------------------------------------------------------------------
+
+def test_random_resized_box_follows_its_definition():
+  rng = np.random.default_rng(0)
+  for w, h in [(500, 375), (64, 200), (1000, 40), (7, 7)]:
+    for _ in range(200):
+      x, y, cw, ch = stream.random_resized_box(rng, w, h)
+      assert 0 <= x and 0 <= y and x + cw <= w and y + ch <= h and cw > 0 and ch > 0
+      if (cw, ch) != (w, h) and x == (w - cw) / 2 and y == (h - ch) / 2:
+        continue  # the fallback: centre crop clamped to the aspect range
+      assert 0.08 * w * h * 0.9 <= cw * ch <= w * h  # area in [8%, 100%] (rounding of the sides)
+      assert 3 / 4 * 0.8 <= cw / ch <= 4 / 3 * 1.25
+  # large images always succeed in 10 tries: areas cover the range, aspects too
+  boxes = np.array([stream.random_resized_box(rng, 1000, 1000) for _ in range(2000)])
+  areas = boxes[:, 2] * boxes[:, 3] / 1e6
+  assert areas.min() < 0.1 and areas.max() > 0.95
+  # the fallback for an image outside the aspect range: the centre, at the extreme aspect
+  assert stream.random_resized_box(np.random.default_rng(1), 1000, 10) == (493.5, 0.0, 13.0, 10.0)
+  x, y, cw, ch = stream.center_box(500, 300)
+  assert (cw, ch) == (300 * 224 / 256, 300 * 224 / 256) and x == (500 - cw) / 2 and y == (300 - ch) / 2
+
+
+def test_evaluation_transform_is_resize_then_centre_crop():
+  """Reference: decode in full, resize the shorter side to 256/224 of the output, take the centre."""
+  rng = np.random.default_rng(0)
+  yy, xx = np.mgrid[0:300, 0:420]
+  pixels = np.stack([xx * 255 // 420, yy * 255 // 300, (xx + yy) % 256], -1).astype(np.uint8)
+  pixels = np.clip(pixels + rng.normal(0, 3, pixels.shape), 0, 255).astype(np.uint8)
+  data = jpeg(pixels)
+  for size in (224, 64):
+    got = stream.transform(data, size, None).astype(np.float64)
+    full = Image.open(io.BytesIO(data)).convert('RGB')
+    short = round(size * 256 / 224)
+    resized = full.resize((round(420 * short / 300), short), Image.BILINEAR)
+    left, top = (resized.size[0] - size) // 2, (short - size) // 2
+    want = np.asarray(resized.crop((left, top, left + size, top + size)), np.float64)
+    assert got.shape == (size, size, 3)
+    assert np.abs(got - want).mean() < 4, np.abs(got - want).mean()  # reduced-size decoding and half pixels
+
+
+def test_training_transform_is_keyed_and_flips():
+  data = jpeg(np.tile(np.arange(64, dtype=np.uint8)[None, :, None] * 4, (48, 1, 3)))  # brighter to the right
+  a = stream.transform(data, 16, np.random.default_rng([1, 0, 5, 0]))
+  b = stream.transform(data, 16, np.random.default_rng([1, 0, 5, 0]))
+  np.testing.assert_array_equal(a, b)
+  flips = []
+  for k in range(40):
+    x = stream.transform(data, 16, np.random.default_rng([1, 0, k, 0])).astype(int)
+    flips.append(x[:, 0].mean() > x[:, -1].mean())  # left brighter than right: flipped
+  assert 8 < sum(flips) < 32
+
+
+def test_stream_batches_are_a_function_of_the_key(folder):
+  train, _ = imagenet.load_folder(folder)
+  images = stream.StreamImages(train, 16, True, workers=2)
+  x1, y1 = images.take([3, 0, 17, 23], (0, 0, 9))
+  x2, y2 = stream.StreamImages(train, 16, True, workers=1).take([3, 0, 17, 23], (0, 0, 9))
+  np.testing.assert_array_equal(x1, x2)
+  np.testing.assert_array_equal(y1, [0, 0, 2, 2])
+  assert not np.array_equal(x1, images.take([3, 0, 17, 23], (0, 1, 9))[0])  # another stream, other crops
+  with pytest.raises(ValueError, match='need a key'):
+    images.take([0])
+
+
+def test_prefetcher_returns_what_the_function_returns():
+  calls = []
+
+  def batch_of(step):
+    calls.append(step)
+    return step * 10
+
+  p = stream.Prefetcher(batch_of, 3, 9, 2)
+  assert [p(s) for s in range(3, 9)] == [30, 40, 50, 60, 70, 80]
+  p.close()
+  assert sorted(calls) == list(range(3, 9))
+
+
+# --- sources ------------------------------------------------------------------------------------
+
+def test_folder_source(folder):
+  train, val = imagenet.load_folder(folder)
+  assert (len(train), len(val), train.num_classes) == (24, 12, 3)
+  data, label = train.read(9)
+  assert data[:3] == b'\xff\xd8\xff' and label == 1
+  assert train.name(9).endswith(os.path.join('n00000001', 'n00000001_1.JPEG'))
+
+
+@pytest.mark.parametrize('damage, message', [
+    ('flat', 'has no class folders'),
+    ('png', 'is not a JPEG file'),
+    ('text-as-jpeg', 'is not a JPEG image'),
+    ('other-class', 'not among the 3 classes'),
+    ('fewer-classes', 'has 2 class folders but'),
+    ('no-val', 'has no val or validation folder'),
+    ('empty-class', 'holds no images'),
+])
+def test_folder_layouts_that_are_refused(folder, tmp_path, damage, message):
+  root = str(tmp_path / 'data')
+  shutil.copytree(folder, root)
+  cls = os.path.join(root, 'train', 'n00000000')
+  if damage == 'flat':
+    for c in os.listdir(os.path.join(root, 'train')):
+      shutil.rmtree(os.path.join(root, 'train', c))
+  elif damage == 'png':
+    Image.new('RGB', (8, 8)).save(os.path.join(cls, 'z.png'))
+  elif damage == 'text-as-jpeg':
+    with open(os.path.join(cls, '0.JPEG'), 'w', encoding='utf-8') as f:
+      f.write('not an image')
+  elif damage == 'other-class':
+    os.rename(os.path.join(root, 'val', 'n00000002'), os.path.join(root, 'val', 'n99999999'))
+  elif damage == 'fewer-classes':
+    shutil.rmtree(os.path.join(root, 'val', 'n00000002'))
+  elif damage == 'no-val':
+    shutil.rmtree(os.path.join(root, 'val'))
+  elif damage == 'empty-class':
+    os.makedirs(os.path.join(root, 'train', 'n00000009'))
+  with pytest.raises(DataError, match=message):
+    imagenet.load_folder(root)
+
+
+def test_real_tfds_imagenet2012_over_files_written_here(tmp_path, monkeypatch):
+  """tensorflow-datasets' own imagenet2012 builder reads data prepared here (array_record files, no
+  TensorFlow): a subclass generates the examples from JPEGs the test writes instead of the archives."""
+  tfds = imagenet.import_tfds()
+  from tensorflow_datasets.core import registered
+  real = tfds.builder_cls('imagenet2012')
+
+  def examples(n):
+    for i in range(n):
+      label = [5, 17, 999][i % 3]
+      yield f'im{i}.JPEG', {'image': io.BytesIO(jpeg(np.full((30 + i, 40, 3), label % 256, np.uint8))),
+                            'label': label, 'file_name': f'im{i}.JPEG'}
+
+  with registered.skip_registration():
+    class Written(real):  # noqa: D401  (same name, version and features as the real builder)
+      name = 'imagenet2012'
+
+      def _split_generators(self, dl_manager):
+        return {'train': examples(9), 'validation': examples(6)}
+
+      def _generate_examples(self):  # never called: the split generators above yield the examples
+        raise NotImplementedError
+
+  data_dir = str(tmp_path / 'tfds')
+  Written(data_dir=data_dir, file_format='array_record').download_and_prepare()
+  train, val = imagenet.load_tfds_stream('imagenet2012', data_dir, '')
+  assert (len(train), len(val), train.num_classes) == (9, 6, 1000)
+  assert sorted({train.read(i)[1] for i in range(9)}) == [5, 17, 999]
+  assert train.read(0)[0][:3] == b'\xff\xd8\xff'
+  # and through the training loop
+  c = streamed_config('', **{'data.source': 'tfds', 'data.tfds_data_dir': data_dir, 'batch_size': 3,
+                             'eval_batch_size': 3, 'max_steps': 3, 'num_epochs': 1})
+  result = train_and_evaluate(c, str(tmp_path / 'run'))
+  assert 'test_top5_accuracy' in result.last_eval and result.last_eval['step'] == 3
+
+
+def test_tfds_manual_download_folder_messages(tmp_path):
+  with pytest.raises(DataError, match='does not exist'):
+    imagenet.load_tfds_stream('imagenet2012', str(tmp_path / 'empty'), str(tmp_path / 'none'))
+  manual = tmp_path / 'manual'
+  manual.mkdir()
+  with pytest.raises(DataError, match='lacks ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar'):
+    imagenet.load_tfds_stream('imagenet2012', str(tmp_path / 'empty'), str(manual))
+  (manual / 'ILSVRC2012_img_train.tar').write_bytes(b'')
+  (manual / 'ILSVRC2012_img_val.tar').write_bytes(b'')
+  import importlib.util
+  if importlib.util.find_spec('tensorflow') is None:  # this machine: the one line that says TensorFlow is needed
+    with pytest.raises(DataError, match='needs TensorFlow: pip install tensorflow-cpu'):
+      imagenet.load_tfds_stream('imagenet2012', str(tmp_path / 'empty'), str(manual))
+  with pytest.raises(FileNotFoundError, match='not prepared'):
+    imagenet.load_tfds_stream('imagenet2012', str(tmp_path / 'empty'), '')
+
+
+# --- evaluation ---------------------------------------------------------------------------------
+
+def test_evaluator_top1_top5_against_numpy():
+  import jax
+  rng = np.random.default_rng(0)
+  n, classes = 37, 120
+  table = rng.normal(size=(n, classes)).astype(np.float32)
+  labels = rng.integers(0, classes, n).astype(np.int32)
+  images = np.arange(n, dtype=np.uint8)[:, None, None, None] * np.ones((1, 2, 2, 1), np.uint8)
+  predict = lambda variables, x: variables['params']['table'][jax.numpy.round(x[:, 0, 0, 0]).astype(np.int32)]
+  from jaxdecouple.data import Preprocess
+  pre = Preprocess((0.0,), (1 / 255,))  # normalize(x) = x: the pixel is the row of the table
+  ev = Evaluator(predict, pre, 8, jax.devices()[0], num_classes=classes)
+  out = ev({'params': {'table': table}}, images, labels)
+  top5 = np.argsort(-table, axis=1)[:, :5]
+  log_p = table - np.log(np.exp(table).sum(1, keepdims=True))
+  assert out['test_accuracy'] == pytest.approx(np.mean(table.argmax(1) == labels))
+  assert out['test_top5_accuracy'] == pytest.approx(np.mean((top5 == labels[:, None]).any(1)))
+  assert out['test_loss'] == pytest.approx(-log_p[np.arange(n), labels].mean(), rel=1e-5)
+  assert 'test_top5_accuracy' not in Evaluator(predict, pre, 8, jax.devices()[0], num_classes=10)(
+      {'params': {'table': table}}, images, labels)
+
+
+# --- training -----------------------------------------------------------------------------------
+
+# resist: test_replica_streams_resume_exactly below
+@pytest.mark.parametrize('method', ['bp', 'dp', 'fdg', 'adl', 'ddg', 'fr', 'dgl', 'localsgd', 'ensemble'])
+def test_every_method_trains_from_a_folder(folder, tmp_path, method):
+  kw = {'method': method, 'max_steps': 3, 'num_epochs': 1, 'pipeline.num_stages': 2, 'replica.num_workers': 2,
+        'replica.local_steps': 2, 'dp.num_devices': 2}
+  if method == 'ensemble':
+    kw['model'] = 'preact_tiny'
+  result = train_and_evaluate(streamed_config(folder, **kw), str(tmp_path / 'run'))
+  assert result.step == 3
+  e = result.last_eval
+  assert 0 <= e['test_accuracy'] <= 1 and np.isfinite(e['test_loss'])
+  assert all(np.isfinite(r['train_loss']) for r in records(str(tmp_path / 'run'), 'train'))
+
+
+def test_streamed_resume_mid_epoch_is_exact(folder, tmp_path):
+  """Killed after step 4 of a 3-step epoch (mid-epoch 2), resumed: the same parameters as one run."""
+  kw = {'method': 'fdg', 'num_epochs': 3, 'max_steps': 0, 'checkpoint_every_steps': 2}
+  whole = train_and_evaluate(streamed_config(folder, **kw), str(tmp_path / 'whole'))
+  part = str(tmp_path / 'part')
+  train_and_evaluate(streamed_config(folder, **{**kw, 'max_steps': 4}), part)
+  resumed = train_and_evaluate(streamed_config(folder, **kw), part)
+  assert resumed.step == whole.step == 9
+  assert_trees_equal(resumed.variables, whole.variables)
+  assert records(part, 'eval')[-1]['test_accuracy'] == whole.last_eval['test_accuracy']
+
+
+def test_replica_streams_resume_exactly(folder, tmp_path):
+  kw = {'method': 'resist', 'model': 'preact_tiny', 'replica.num_workers': 2, 'replica.local_steps': 2,
+        'num_epochs': 2, 'max_steps': 0}
+  whole = train_and_evaluate(streamed_config(folder, **kw), str(tmp_path / 'whole'))
+  part = str(tmp_path / 'part')
+  train_and_evaluate(streamed_config(folder, **{**kw, 'max_steps': 4}), part)
+  resumed = train_and_evaluate(streamed_config(folder, **kw), part)
+  assert_trees_equal(resumed.variables, whole.variables)
+
+
+def test_damaged_image_mid_epoch_is_skipped_and_counted(folder, tmp_path):
+  root = str(tmp_path / 'data')
+  shutil.copytree(folder, root)
+  train, _ = imagenet.load_folder(root)  # the scan accepts it: only the first file of a class is opened
+  victim = train.name(5)
+  with open(victim, 'r+b') as f:  # a JPEG header, then garbage
+    f.seek(20)
+    f.write(os.urandom(400))
+  images = stream.StreamImages(train, 16, True, workers=1)
+  x, y = images.take([5, 6], (0, 0, 0))
+  assert images.skipped == 1 and images.damaged == {5}
+  np.testing.assert_array_equal(y, [0, 0])
+  np.testing.assert_array_equal(x[0], images.take([6], (0, 0, 0))[0][0])  # the next image took its place
+  workdir = str(tmp_path / 'run')
+  result = train_and_evaluate(streamed_config(root, num_epochs=1, max_steps=0), workdir)
+  assert result.step == 3
+  assert max(r.get('skipped_images', 0) for r in records(workdir, 'train')) == 1  # each epoch reads it once
+
+
+def test_imagenet_v2_test_sets_from_folders(folder, tmp_path):
+  """ImageNet-V2's layout (class folders 0..N-1), evaluated beside the validation set with top-1/top-5."""
+  v2 = tmp_path / 'v2'
+  for variant, (_, sub, _) in imagenet.IMAGENET_V2.items():
+    for c in range(3):
+      d = v2 / sub / str(c)
+      d.mkdir(parents=True)
+      for i in range(2):
+        (d / f'{i}.jpeg').write_bytes(jpeg(np.full((40, 50, 3), 60 * c, np.uint8)))
+  workdir = str(tmp_path / 'run')
+  result = train_and_evaluate(streamed_config(folder, max_steps=3, num_epochs=1,
+                                              **{'data.imagenet_v2': 'all', 'data.imagenet_v2_dir': str(v2)}),
+                              workdir)
+  e = result.last_eval
+  for prefix in ('v2mf', 'v2t07', 'v2ti'):
+    assert 0 <= e[f'{prefix}_accuracy'] <= 1 and np.isfinite(e[f'{prefix}_loss'])
+  with pytest.raises(DataError, match='imagenetv2-top-images-format-val does not exist'):
+    shutil.rmtree(v2 / 'imagenetv2-top-images-format-val')
+    imagenet.load_imagenet_v2(['topimages'], str(v2), '', 3)
+  assert math.isfinite(e['test_loss'])
