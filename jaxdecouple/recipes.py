@@ -64,3 +64,43 @@ def resist_release(method: str, dataset: str = 'cifar100', num_workers: int = 4,
   c.log_every_steps = 100
   c.checkpoint_every_steps = 2000
   return c
+
+
+def imagenet(method: str, model: str, batch_size: int = 256, num_epochs: int = 90):
+  """The standard ImageNet recipe (He et al., 2016, as the ResIST paper uses it): SGD lr 0.1 per 256
+  images, momentum 0.9, weight decay 1e-4, lr / 10 at epochs 30 and 60 (and 80 when the run is longer),
+  Inception crops of 224 and flips, centre crops for evaluation; bfloat16 compute. Streams the JPEGs of
+  --config.data.path (train/CLASS/*.JPEG, val/CLASS/*.JPEG) or tensorflow-datasets' imagenet2012."""
+  c = get_default_config()
+  c.method = method
+  c.model = model
+  c.dataset = 'imagenet'
+  c.compute_dtype = 'bfloat16'
+  c.batch_size = batch_size
+  c.eval_batch_size = 250
+  c.num_epochs = num_epochs
+  c.optim.learning_rate = 0.1 * batch_size / 256
+  c.optim.weight_decay = 1e-4
+  c.optim.milestones = tuple(m for m in (30, 60, 80) if m < num_epochs)
+  c.data.image_size = 224
+  c.log_every_steps = 100
+  c.checkpoint_every_steps = 2500
+  c.profile_every_steps = 1000
+  return c
+
+
+def resist_imagenet(method: str, num_workers: int = 4):
+  """The ResIST paper's ImageNet runs (section 5): pre-activation ResNet-101 with the ImageNet stem, batch
+  256 per worker, 90 epochs, lr 0.1 / 10 at epochs 30 and 60, minimum depth 10 blocks per sub-ResNet,
+  momentum restarted every round, running BatchNorm statistics (averaged with the parameters), evaluated
+  on the validation set and the three ImageNet-V2 test sets."""
+  c = imagenet(method, 'imagenet_preact101', batch_size=256, num_epochs=90)
+  c.optim.learning_rate = 0.1
+  c.optim.milestones = (30, 60)
+  c.replica.num_workers = num_workers
+  c.replica.local_steps = 50
+  c.replica.min_depth = 10 if method == 'resist' else 0
+  c.replica.momentum = 'restart'
+  c.replica.batch_norm = 'running'
+  c.data.imagenet_v2 = 'all'
+  return c

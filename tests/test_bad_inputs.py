@@ -191,6 +191,51 @@ def test_bad_data(tmp_path):
   ])
 
 
+def test_bad_streamed_data(tmp_path):
+  """dataset=imagenet: folders, sources and ImageNet-V2 sets that cannot serve, refused before compute."""
+  from jaxdecouple.data import imagenet
+  good = imagenet.write_fake_folder(str(tmp_path / 'good'), train_per_class=2, val_per_class=1, sizes=(20, 24))
+
+  def variant(name, change):
+    root = tmp_path / name
+    shutil.copytree(good, root)
+    change(root)
+    return str(root)
+
+  def flat(root):  # images straight in train/, no class folders
+    for c in list((root / 'train').iterdir()):
+      for f in c.iterdir():
+        f.rename(root / 'train' / f.name)
+      c.rmdir()
+
+  flat_root = variant('flat', flat)
+  png_root = variant('png', lambda r: (r / 'train' / 'n00000000' / 'x.png').write_bytes(b'\x89PNG'))
+  extra_root = variant('extra', lambda r: shutil.copytree(r / 'val' / 'n00000000', r / 'val' / 'n12345678'))
+  manual = tmp_path / 'manual'
+  manual.mkdir()
+  i = [a for a in Q if not a.startswith('--config.data.source')] + [
+      '--config.dataset=imagenet', '--config.model=resnet8', '--config.data.image_size=16', '--config.batch_size=2']
+  check(tmp_path, [
+      ('imagenet-no-class-folders', [*i, f'--config.data.path={flat_root}'], 'has no class folders'),
+      ('imagenet-not-jpeg', [*i, f'--config.data.path={png_root}'], 'x.png is not a JPEG file'),
+      ('imagenet-classes-differ', [*i, f'--config.data.path={extra_root}'], 'n12345678'),
+      ('imagenet-path-missing', [*i, f'--config.data.path={tmp_path}/none'], 'none does not exist'),
+      ('imagenet-path-is-npz-source', [*i, '--config.data.source=npz', f'--config.data.path={good}'],
+       'config.data.source'),
+      ('folder-source-for-cifar10', [*Q[:1], '--config.data.source=folder', f'--config.data.path={good}'],
+       'config.data.source'),
+      ('imagenet-manual-dir-missing', [*i, '--config.data.source=tfds', f'--config.data.tfds_data_dir={tmp_path}/tfds',
+                                       f'--config.data.tfds_manual_dir={tmp_path}/nowhere'], 'nowhere does not exist'),
+      ('imagenet-manual-dir-empty', [*i, '--config.data.source=tfds', f'--config.data.tfds_data_dir={tmp_path}/tfds',
+                                     f'--config.data.tfds_manual_dir={manual}'], 'lacks ILSVRC2012_img_train.tar'),
+      ('imagenet-v2-unknown', [*i, f'--config.data.path={good}', '--config.data.imagenet_v2=matched'],
+       'config.data.imagenet_v2'),
+      ('imagenet-v2-dir-missing', [*i, f'--config.data.path={good}', '--config.data.imagenet_v2=topimages',
+                                   f'--config.data.imagenet_v2_dir={tmp_path}/v2'], 'imagenetv2-top-images-format-val'),
+      ('imagenet-v2-for-cifar10', [*Q, '--config.data.imagenet_v2=all'], 'config.data.imagenet_v2'),
+  ])
+
+
 def test_bad_workdirs(tmp_path):
   from jaxdecouple.workdir import WorkdirLock
   a_file = write(tmp_path / 'a_file', 'x')

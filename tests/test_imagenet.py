@@ -314,3 +314,27 @@ def test_imagenet_v2_test_sets_from_folders(folder, tmp_path):
     shutil.rmtree(v2 / 'imagenetv2-top-images-format-val')
     imagenet.load_imagenet_v2(['topimages'], str(v2), '', 3)
   assert math.isfinite(e['test_loss'])
+
+
+def test_imagenet_configs_run_on_the_folder(folder, tmp_path):
+  """Every ImageNet config streams imagenet in bfloat16; the ResIST one trains a few steps here (small model,
+  small crops, the recipe otherwise as written)."""
+  import glob
+  import importlib.util
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  configs = {}
+  for path in sorted(glob.glob(os.path.join(root, 'configs', '*imagenet*.py'))):
+    spec = importlib.util.spec_from_file_location('cfg', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    configs[os.path.basename(path)] = c = module.get_config()
+    assert (c.dataset, c.compute_dtype, c.data.image_size) == ('imagenet', 'bfloat16', 224), path
+  assert len(configs) == 6
+  c = configs['resist_imagenet_s2.py']
+  assert (c.replica.num_workers, c.replica.min_depth, c.batch_size, c.num_epochs) == (2, 10, 256, 90)
+  from jaxdecouple.config import set_fields
+  set_fields(c, {'model': 'preact_tiny', 'data.path': folder, 'data.image_size': 16, 'batch_size': 4,
+                 'eval_batch_size': 6, 'max_steps': 2, 'replica.local_steps': 1, 'replica.min_depth': 1,
+                 'data.imagenet_v2': '', 'data.workers': 2, 'cpu_devices': 0})
+  result = train_and_evaluate(c, str(tmp_path / 'run'))
+  assert result.step == 2 and np.isfinite(result.last_eval['test_loss'])

@@ -11,7 +11,7 @@ labels (:class:`Files`: a folder of class folders, a tensorflow-datasets data so
 So the batch of a step is a pure function of (seed, stream, step), like the in-memory path's: the
 loader's position is the checkpointed step, and a run killed mid-epoch resumes exactly. JPEGs are
 decoded at reduced size where the crop allows (libjpeg's DCT scaling, ``Image.draft``), and a pool of
-threads decodes the images of a batch in parallel (Pillow releases the GIL while it decodes and resizes).
+processes decodes the images of a batch in parallel (threads read the bytes).
 Normalisation runs on the device. An image that cannot be decoded mid-epoch is replaced by the next
 readable one of its split, with a warning, and counted (``StreamImages.skipped``).
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import io
 import math
 import os
 import threading
@@ -29,9 +28,9 @@ import numpy as np
 from absl import logging
 
 from jaxdecouple.errors import DataError
+from jaxdecouple.jpeg import center_box, decode_many, random_resized_box, transform  # noqa: F401
 
 JPEG_EXTENSIONS = ('.jpeg', '.jpg')
-EVAL_RESIZE = 256 / 224  # the evaluation transform's resize before the centre crop (256 -> 224)
 MAX_CONSECUTIVE_DAMAGED = 64
 
 
@@ -48,68 +47,32 @@ class Files:
     return self.size
 
 
-# --- transforms ---------------------------------------------------------------------------------
-
-def random_resized_box(rng: np.random.Generator, w: int, h: int, scale=(0.08, 1.0),
-                       ratio=(3 / 4, 4 / 3)) -> tuple[float, float, float, float]:
-  """(left, top, width, height) of an Inception-style crop: 10 tries at a random area and aspect, else
-  the centre crop of the image clamped to the aspect range (as torchvision's RandomResizedCrop)."""
-  area = w * h
-  log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-  for _ in range(10):
-    target = area * rng.uniform(*scale)
-    aspect = math.exp(rng.uniform(*log_ratio))
-    cw, ch = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
-    if 0 < cw <= w and 0 < ch <= h:
-      return float(rng.integers(0, w - cw + 1)), float(rng.integers(0, h - ch + 1)), float(cw), float(ch)
-  aspect = w / h
-  if aspect < ratio[0]:
-    cw, ch = w, int(round(w / ratio[0]))
-  elif aspect > ratio[1]:
-    cw, ch = int(round(h * ratio[1])), h
-  else:
-    cw, ch = w, h
-  return (w - cw) / 2, (h - ch) / 2, float(cw), float(ch)
-
-
-def center_box(w: int, h: int) -> tuple[float, float, float, float]:
-  """The evaluation crop in the original image: resize the shorter side to 256, centre 224 (scaled)."""
-  side = min(w, h) / EVAL_RESIZE
-  return (w - side) / 2, (h - side) / 2, side, side
-
-
-def transform(data: bytes, size: int, rng: np.random.Generator | None, flip: bool = True) -> np.ndarray:
-  """Decodes one JPEG and returns the uint8 [size, size, 3] crop: random-resized crop and flip when
-  ``rng`` is given (training), else the evaluation centre crop. Raises on undecodable bytes."""
-  from PIL import Image  # pillow is a dependency; only the streaming path imports it
-  image = Image.open(io.BytesIO(data))
-  w, h = image.size
-  box = random_resized_box(rng, w, h) if rng is not None else center_box(w, h)
-  # decode at the smallest DCT scale that still gives the crop at least `size` pixels a side
-  shrink = max(1.0, min(box[2], box[3]) / size)
-  image.draft('RGB', (max(1, int(math.ceil(w / shrink))), max(1, int(math.ceil(h / shrink)))))
-  sx, sy = image.size[0] / w, image.size[1] / h
-  image = image.convert('RGB')
-  box = (box[0] * sx, box[1] * sy, (box[0] + box[2]) * sx, (box[1] + box[3]) * sy)
-  image = image.resize((size, size), Image.BILINEAR, box=box)
-  if rng is not None and flip and rng.random() < 0.5:
-    image = image.transpose(Image.FLIP_LEFT_RIGHT)
-  return np.asarray(image, np.uint8)
-
-
 # --- a split decoded on demand ------------------------------------------------------------------
 
-_POOLS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+_POOLS: dict = {}
 _POOLS_LOCK = threading.Lock()
 
 
-def decode_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
-  """One shared pool of decoding threads per size (0: one per core)."""
+def decode_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
+  """One shared pool of decoding processes per size (0: one per core), started once and reused.
+
+  Processes, not threads: Pillow holds the GIL for much of a decode (a thread pool gave 1.4x on 2 cores,
+  processes 1.8x; docs/PERFORMANCE.md). 'spawn' children: the parent has JAX's threads, which fork
+  would copy in an unknown state."""
+  import multiprocessing  # noqa: PLC0415
   workers = workers or os.cpu_count() or 1
   with _POOLS_LOCK:
     if workers not in _POOLS:
-      _POOLS[workers] = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix='decode')
+      _POOLS[workers] = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context('spawn'))
     return _POOLS[workers]
+
+
+def _read_pool() -> concurrent.futures.ThreadPoolExecutor:
+  """Threads that read the encoded bytes (files, records): I/O, which releases the GIL."""
+  with _POOLS_LOCK:
+    if 'read' not in _POOLS:
+      _POOLS['read'] = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix='read')
+    return _POOLS['read']
 
 
 class StreamImages:
@@ -137,33 +100,61 @@ class StreamImages:
   dtype = np.dtype(np.uint8)
   num_classes = property(lambda self: self.files.num_classes)
 
-  def _one(self, index: int, key: tuple[int, ...] | None, position: int) -> tuple[np.ndarray, int]:
-    for attempt in range(MAX_CONSECUTIVE_DAMAGED):
+  def _read(self, i: int):
+    try:
+      return self.files.read(i)
+    except Exception as e:  # unreadable: replaced like an undecodable image
+      return f'{type(e).__name__}: {e}'
+
+  def _damaged(self, i: int, error: str) -> None:
+    with self._lock:
+      self.skipped += 1
+      first = i not in self.damaged
+      self.damaged.add(i)
+    if first:
+      logging.warning('skipping image %s of %s: it cannot be read or decoded (%s); the next image of the split '
+                      'takes its place (%d damaged so far)', self.files.name(i), self.files.where, error,
+                      len(self.damaged))
+
+  def _replacement(self, index: int, key, position: int) -> tuple[np.ndarray, int]:
+    """The first readable image after a damaged one (decoded here: rare)."""
+    for attempt in range(1, MAX_CONSECUTIVE_DAMAGED):
       i = (int(index) + attempt) % len(self.files)
-      rng = np.random.default_rng([*key, position]) if key is not None and self.train else None
-      try:
-        data, label = self.files.read(i)
-        return transform(data, self.size, rng, self.flip), label
-      except Exception as e:  # damaged or unreadable: skip it, say so once per file, count every use
-        with self._lock:
-          self.skipped += 1
-          first = i not in self.damaged
-          self.damaged.add(i)
-        if first:
-          logging.warning('skipping image %s of %s: it cannot be read or decoded (%s: %s); the next image '
-                          'of the split takes its place (%d damaged so far)', self.files.name(i),
-                          self.files.where, type(e).__name__, e, len(self.damaged))
+      got = self._read(i)
+      if not isinstance(got, str):
+        try:
+          rng = np.random.default_rng([*key, position]) if key is not None else None
+          return transform(got[0], self.size, rng, self.flip), got[1]
+        except Exception as e:  # noqa: BLE001
+          got = f'{type(e).__name__}: {e}'
+      self._damaged(i, got)
     raise DataError(f'{MAX_CONSECUTIVE_DAMAGED} consecutive images of {self.files.where} from index {index} '
                     'cannot be decoded: the data is damaged or not JPEG images; check or re-create it')
 
   def take(self, indices: Sequence[int], key: tuple[int, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    indices = np.asarray(indices).reshape(-1)
+    indices = [int(i) for i in np.asarray(indices).reshape(-1)]
     if self.train and key is None:
       raise ValueError('training images need a key (seed, stream, step)')
-    parts = list(decode_pool(self.workers).map(lambda a: self._one(a[1], key, a[0]), enumerate(indices)))
-    if not parts:
+    key = tuple(int(k) for k in key) if self.train else None
+    if not indices:
       return np.zeros((0, self.size, self.size, 3), np.uint8), np.zeros(0, np.int32)
-    return np.stack([p[0] for p in parts]), np.asarray([p[1] for p in parts], np.int32)
+    read = list(_read_pool().map(self._read, indices))
+    jobs = [(r[0] if not isinstance(r, str) else b'', self.size, None if key is None else [*key, p], self.flip)
+            for p, r in enumerate(read)]
+    pool = decode_pool(self.workers)
+    chunk = max(1, math.ceil(len(jobs) / (pool._max_workers * 2)))  # noqa: SLF001
+    decoded = [x for part in pool.map(decode_many, [jobs[a:a + chunk] for a in range(0, len(jobs), chunk)])
+               for x in part]
+    images, labels = [], []
+    for p, (i, r, x) in enumerate(zip(indices, read, decoded)):
+      if isinstance(r, str) or isinstance(x, str):
+        self._damaged(i, r if isinstance(r, str) else x)
+        x, label = self._replacement(i, key, p)
+      else:
+        label = r[1]
+      images.append(x)
+      labels.append(label)
+    return np.stack(images), np.asarray(labels, np.int32)
 
 
 class Prefetcher:
