@@ -6,8 +6,9 @@ Writes ``--images`` ImageNet-sized JPEGs (sides drawn from 300-500 pixels, photo
 fine noise, quality 90: about ImageNet's average file size; ``--folder`` keeps them for a rerun), then
 for each count of decoding processes times ``StreamImages.take`` on batches of ``--batch``: the training
 transform (random-resized crop to 224 + flip, decoded at reduced size where the crop allows) and the
-evaluation transform (resize to 256, centre 224); and, in this process on one core, the training transform
-with reduced-size decoding off (what a plain decode-then-crop costs). Reports images/s and, from the
+evaluation transform (resize to 256, centre 224), batches consumed through the prefetcher as training
+consumes them; and, in this process on one core without a pool, the training transform with and without
+reduced-size decoding (what a decode costs by itself, and what a plain decode-then-crop costs). Reports images/s and, from the
 one-process rate, how many cores the host needs
 to feed an accelerator at ``--target`` images/s (3,000: ResNet-50 in bfloat16 on one modern GPU).
 Prints one JSON line per measurement, then a markdown table.
@@ -72,22 +73,25 @@ def measure(paths: list[str], transform_name: str, workers: int, args) -> dict:
   images = stream.StreamImages(files, args.size, transform_name != 'eval', workers)
   key = lambda step: (0, 0, step) if transform_name != 'eval' else None
   order = np.arange(len(paths))
-  if transform_name == 'train_full_decode':  # in this process, one core: every pixel decoded, then cropped
+  if transform_name in IN_PROCESS:  # this process, one core, no pool: what a decode costs by itself
     blobs = [read(i)[0] for i in order]
+    f = IN_PROCESS[transform_name]
     start, count = time.perf_counter(), 0
     for p in range(args.passes):
       for i, data in enumerate(blobs):
-        full_decode_transform(data, args.size, np.random.default_rng([p, i]))
+        f(data, args.size, np.random.default_rng([p, i]))
         count += 1
     seconds = time.perf_counter() - start
-  else:
+  else:  # as training reads: batches through the prefetcher, decoded by the pool
     images.take(order[:args.batch], key(0))  # warm-up: processes started, files in the page cache
+    starts = [a for _ in range(args.passes) for a in range(0, len(paths), args.batch)]
+    prefetch = stream.Prefetcher(lambda b: images.take(order[starts[b]:starts[b] + args.batch], key(1 + b)),
+                                 0, len(starts), 2)
     start, count = time.perf_counter(), 0
-    for p in range(args.passes):
-      for b, a in enumerate(range(0, len(paths), args.batch)):
-        images.take(order[a:a + args.batch], key(1 + p * 1000 + b))
-        count += len(order[a:a + args.batch])
+    for b in range(len(starts)):
+      count += len(prefetch(b)[0])
     seconds = time.perf_counter() - start
+    prefetch.close()
   return {'transform': transform_name, 'workers': workers, 'images': count, 'seconds': round(seconds, 3),
           'images_per_sec': round(count / seconds, 1), 'size': args.size}
 
@@ -106,6 +110,14 @@ def full_decode_transform(data: bytes, size: int, rng, flip: bool = True) -> np.
   return np.asarray(image, np.uint8)
 
 
+def _in_process_train(data, size, rng):
+  from jaxdecouple import jpeg
+  return jpeg.transform(data, size, rng)
+
+
+IN_PROCESS = {'train_in_process': _in_process_train, 'train_full_decode_in_process': full_decode_transform}
+
+
 def main(argv=None) -> list[dict]:
   args = parse_args(argv)
   folder = args.folder or tempfile.mkdtemp(prefix='jaxdecouple-loader-')
@@ -113,8 +125,8 @@ def main(argv=None) -> list[dict]:
     paths = write_images(folder, args.images)
     mean_kb = np.mean([os.path.getsize(p) for p in paths]) / 1024
     records = []
-    for transform_name in ('train', 'eval', 'train_full_decode'):
-      for workers in (int(w) for w in args.workers.split(',')) if transform_name != 'train_full_decode' else (1,):
+    for transform_name in ('train', 'eval', *IN_PROCESS):
+      for workers in (int(w) for w in args.workers.split(',')) if transform_name not in IN_PROCESS else (0,):
         r = measure(paths, transform_name, workers, args)
         r['mean_file_kb'] = round(float(mean_kb), 1)
         records.append(r)
@@ -125,7 +137,7 @@ def main(argv=None) -> list[dict]:
   finally:
     if not args.folder:
       shutil.rmtree(folder, ignore_errors=True)
-  one = {r['transform']: r['images_per_sec'] for r in records if r['workers'] == 1}
+  one = {r['transform']: r['images_per_sec'] for r in records if r['workers'] <= 1}
   print(f'\n{args.images} synthetic JPEGs, 300-500 px a side, {mean_kb:.0f} KB mean, crops of {args.size}; '
         f'{os.cpu_count()} cores here\n')
   print('| transform | decoding processes | images/s | cores for %g images/s (from 1 process) |' % args.target)
@@ -133,7 +145,7 @@ def main(argv=None) -> list[dict]:
   for r in records:
     per_core = one.get(r['transform'])
     cores = math.ceil(args.target / per_core) if per_core else '-'
-    print(f"| {r['transform']} | {r['workers']} | {r['images_per_sec']} | {cores} |")
+    print(f"| {r['transform']} | {r['workers'] or 'none (this process)'} | {r['images_per_sec']} | {cores} |")
   return records
 
 

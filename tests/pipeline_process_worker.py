@@ -7,7 +7,8 @@ PROCESS_ID -1 runs the same alone, in one process with DEVICES devices: the refe
 depend on how many devices a process splits the cores into, so the reference is a process too).
 
 RUN is NAME:METHOD:K:STEPS[:die=P@S] (die: process P kills itself right after its checkpoint at step S
-is written, as a crashed machine would)."""
+is written, as a crashed machine would). A NAME ending in _stream trains on streamed JPEGs (dataset
+imagenet) from the folder in $STREAM_FOLDER."""
 import os
 import signal
 import sys
@@ -18,7 +19,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def pipeline_config(method: str, k: int, steps: int):
+def pipeline_config(method: str, k: int, steps: int, stream: bool = False):
   """The run both sides compare (conftest is not imported here: it would ask for 4 CPU devices)."""
   from jaxdecouple.config import get_default_config
   c = get_default_config()
@@ -30,6 +31,9 @@ def pipeline_config(method: str, k: int, steps: int):
   c.pipeline.beta = 1.0 if method == 'dgl' else 0.5
   if method == 'adl':
     c.pipeline.accumulation = 2
+  if stream:
+    c.dataset, c.data.source, c.data.path = 'imagenet', 'folder', os.environ['STREAM_FOLDER']
+    c.data.image_size, c.batch_size, c.eval_batch_size, c.data.workers = 16, 8, 8, 1
   return c
 
 
@@ -49,7 +53,7 @@ def main(process_id: int, port: int, workdir: str, out: str, runs: list[str]):
           self.wait()
           os.kill(os.getpid(), signal.SIGKILL)
       Checkpointer.save = save_then_die
-    config = pipeline_config(method, int(k), int(steps))
+    config = pipeline_config(method, int(k), int(steps), stream=name.endswith('_stream'))
     if process_id >= 0:
       config.distributed.coordinator = f'127.0.0.1:{port}'
       config.distributed.num_processes, config.distributed.process_id = 2, process_id

@@ -122,7 +122,7 @@ def test_bad_config_values(tmp_path):
       ('method', [*Q, '--config.method=sgd'], 'config.method'),
       ('model', [*Q, '--config.model=resnet9'], 'config.model'),
       ('model-too-deep', [*Q, '--config.model=resnet600002'], 'at most 1000'),
-      ('dataset', [*Q, '--config.dataset=imagenet'], 'config.dataset'),
+      ('dataset', [*Q, '--config.dataset=mnist'], 'config.dataset'),
       ('batch-size-zero', [*Q, '--config.batch_size=0'], 'config.batch_size'),
       ('batch-size-negative', [*Q, '--config.batch_size=-8'], 'config.batch_size'),
       ('batch-size-beyond-data', [*Q, '--config.batch_size=100000'], 'config.batch_size'),

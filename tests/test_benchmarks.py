@@ -127,3 +127,13 @@ def test_gpu_session_commands_parse():
           assert run.split(':')[0] in METHODS, run
       if getattr(args, 'model', None):
         build_model(args.model, 10)
+
+
+def test_loader_benchmark_reports_each_transform(tmp_path, capsys):
+  records = load('loader').main(['--images=6', '--batch=4', '--passes=1', '--workers=1', '--size=32',
+                                 f'--folder={tmp_path}'])
+  assert [r['transform'] for r in records] == ['train', 'eval', 'train_in_process', 'train_full_decode_in_process']
+  for r in records:
+    assert r['images'] == 6 and r['images_per_sec'] == pytest.approx(6 / r['seconds'], rel=0.1)  # seconds rounded to ms
+  assert len(os.listdir(tmp_path)) == 6  # --folder keeps the JPEGs for a rerun
+  assert '| train | 1 |' in capsys.readouterr().out

@@ -56,8 +56,11 @@ def assert_same(path, reference):
 
 
 def test_every_pipeline_method_over_two_processes_matches_one_process(tmp_path):
-  """K = 2, one CPU device per process: stage 0 in process 0, stage 1 in process 1."""
-  runs = [f'{m}:{m}:2:6' for m in ('fdg', 'adl', 'ddg', 'fr', 'dgl')]
+  """K = 2, one CPU device per process: stage 0 in process 0, stage 1 in process 1. FDG also on streamed
+  JPEGs, which only stage 0's process reads."""
+  from jaxdecouple.data.imagenet import write_fake_folder
+  ENV['STREAM_FOLDER'] = write_fake_folder(str(tmp_path / 'jpegs'))
+  runs = [f'{m}:{m}:2:6' for m in ('fdg', 'adl', 'ddg', 'fr', 'dgl')] + ['fdg_stream:fdg:2:4']
   procs = start(tmp_path, 1, runs)
   one_process(tmp_path, 2, runs)
   codes, logs = finish(procs)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import jax
+import numpy as np
 
 from jaxdecouple.common import use_split_backward
 from jaxdecouple.config import fail
@@ -9,6 +10,7 @@ from jaxdecouple.data import Batch, train_inputs
 from jaxdecouple.methods.base import Method, Setup
 from jaxdecouple.models import build_model
 from jaxdecouple.pipeline import Pipeline, Schedule, choose_split
+from jaxdecouple.pipeline.engine import is_local
 
 
 class PipelineMethod(Method):
@@ -71,6 +73,13 @@ class PipelineMethod(Method):
                     beta=p.beta, optimizer=s.optimizer, lr=s.schedule,
                     inputs=lambda images, step: train_inputs(images, step, s.config.seed, s.preprocess),
                     split_backward=use_split_backward(s.config))
+
+  def train_batch(self, x, y, order, step: int) -> Batch:
+    """Streamed images are read and decoded only by the process that owns stage 0's device: the others
+    hold stage 0's arrays as shapes only, and the labels travel up with the activations."""
+    if y is None and jax.process_count() > 1 and not is_local(self._devices[0]):
+      return Batch(np.zeros((order.batch_size, *x.shape[1:]), x.dtype), np.zeros(order.batch_size, np.int32))
+    return super().train_batch(x, y, order, step)
 
   def init(self, rng: jax.Array, example: Batch):
     self.pipeline = self._build(example)
