@@ -14,8 +14,11 @@ import pytest  # noqa: E402
 
 jax.config.update('jax_num_cpu_devices', 4)
 # Many tests compile the same programs (same tiny model, new jit objects): a compilation cache for
-# this session lets them share the executables.
-jax.config.update('jax_compilation_cache_dir', tempfile.mkdtemp(prefix='jaxdecouple-tests-xla-'))
+# this session lets them share the executables. pytest-xdist's workers inherit the controller's
+# environment, so the controller's folder is theirs too and a program compiled by one worker is
+# reused by the other (JAX writes cache entries atomically).
+os.environ.setdefault('JAXDECOUPLE_TEST_XLA_CACHE', tempfile.mkdtemp(prefix='jaxdecouple-tests-xla-'))
+jax.config.update('jax_compilation_cache_dir', os.environ['JAXDECOUPLE_TEST_XLA_CACHE'])
 jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
 jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 

@@ -239,8 +239,8 @@ def test_evaluator_top1_top5_against_numpy():
 
 # --- training -----------------------------------------------------------------------------------
 
-# resist: test_replica_streams_resume_exactly below
-@pytest.mark.parametrize('method', ['bp', 'dp', 'fdg', 'adl', 'ddg', 'fr', 'dgl', 'localsgd', 'ensemble'])
+# bp: the tfds, ImageNet-V2 and damaged-image tests; fdg and resist: the resume tests below
+@pytest.mark.parametrize('method', ['dp', 'adl', 'ddg', 'fr', 'dgl', 'localsgd', 'ensemble'])
 def test_every_method_trains_from_a_folder(folder, tmp_path, method):
   kw = {'method': method, 'max_steps': 3, 'num_epochs': 1, 'pipeline.num_stages': 2, 'replica.num_workers': 2,
         'replica.local_steps': 2, 'dp.num_devices': 2}
@@ -267,7 +267,7 @@ def test_streamed_resume_mid_epoch_is_exact(folder, tmp_path):
 
 def test_replica_streams_resume_exactly(folder, tmp_path):
   kw = {'method': 'resist', 'model': 'preact_tiny', 'replica.num_workers': 2, 'replica.local_steps': 2,
-        'num_epochs': 2, 'max_steps': 0}
+        'num_epochs': 1, 'max_steps': 0, 'batch_size': 4}  # 6 steps, killed after 4
   whole = train_and_evaluate(streamed_config(folder, **kw), str(tmp_path / 'whole'))
   part = str(tmp_path / 'part')
   train_and_evaluate(streamed_config(folder, **{**kw, 'max_steps': 4}), part)
