@@ -145,3 +145,14 @@ def resist_run(tmp_path_factory):
   from multiprocess_worker import replica_run_config
   from jaxdecouple.train import train_and_evaluate
   return train_and_evaluate(replica_run_config(), str(tmp_path_factory.mktemp('resist') / 'run'))
+
+
+# The longest tests first: pytest-xdist hands tests out in collection order, and a minute-long test
+# handed out last keeps one worker busy while the other has nothing left (about 30 s of the suite).
+SLOW_FIRST = ('test_pipeline_processes.py', 'test_multiprocess.py', 'scanned_blocks', 'test_resist.py',
+              'test_benchmarks.py', 'test_notebook.py')
+
+
+def pytest_collection_modifyitems(items):
+  rank = lambda item: next((i for i, s in enumerate(SLOW_FIRST) if s in item.nodeid), len(SLOW_FIRST))
+  items.sort(key=rank)  # stable: the order within each group is kept

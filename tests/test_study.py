@@ -313,3 +313,25 @@ def test_a_run_that_diverges_is_recorded_and_the_study_goes_on(tmp_path):
   results = str(tmp_path / 'RESULTS.md')
   text = study_lib.report(study, workdir, results, str(tmp_path / 'figures'), 'CMD')
   assert f'Finished runs: 1 of 2; diverged (stopped, not in the tables): {runs[0].name}.' in text
+
+
+def test_report_gives_top5_and_further_test_sets_when_runs_have_them(tmp_path):
+  """Runs that evaluated top-5 or the ImageNet-V2 sets get one error table per measure; others none."""
+  import sys
+  report_lib = sys.modules['jaxdecouple.study.report']  # (the package's `report` is the function)
+  study = study_lib.STUDIES['tiny']()
+  workdir = str(tmp_path / 'study')
+  assert report_lib._other_accuracies(study, workdir) == []
+  for i, run in enumerate(study.runs):  # BP seed 0, FDG seed 0, BP seed 1, FDG seed 1
+    os.makedirs(study_lib.run_dir(workdir, run))
+    record = {'step': 8, 'test_accuracy': 0.5, 'test_top5_accuracy': 0.9 - 0.1 * i, 'v2mf_accuracy': 0.4,
+              'v2mf_top5_accuracy': 0.7}
+    with open(os.path.join(study_lib.run_dir(workdir, run), 'finished.json'), 'w') as f:
+      json.dump(record, f)
+  text = '\n'.join(report_lib._other_accuracies(study, workdir))
+  tables = text.split('\n\n')
+  assert tables[0].startswith('Top-5 test error (%)')
+  assert '| ResNet-8, K=2 | 20.00 (10.00-30.00), n=2 | 30.00 (20.00-40.00), n=2 |' in tables[1]
+  assert tables[2].startswith('ImageNet-V2 matched frequency top-1 error (%)')
+  assert '| ResNet-8, K=2 | 60.00 (60.00-60.00), n=2 |' in tables[3]
+  assert tables[4].startswith('ImageNet-V2 matched frequency top-5 error (%)')

@@ -126,6 +126,37 @@ def _best_accuracy(study: Study, workdir: str) -> list[str]:
   return lines + ['']
 
 
+def _other_accuracies(study: Study, workdir: str) -> list[str]:
+  """Top-5 and further test sets (ImageNet-V2: v2mf, v2t07, v2ti), when the runs evaluated them: the error
+  (%) at the last epoch, median over the finished seeds, one table per measure."""
+  finished = {}
+  for r in study.runs:
+    if is_finished(workdir, r):
+      with open(os.path.join(run_dir(workdir, r), 'finished.json'), encoding='utf-8') as f:
+        finished[r] = json.load(f)
+  keys = sorted({k for record in finished.values() for k in record
+                 if k.endswith('_accuracy') and k != 'test_accuracy'})
+  if not keys:
+    return []
+  names = {'test_top5_accuracy': 'top-5 test error', 'v2mf': 'ImageNet-V2 matched frequency',
+           'v2t07': 'ImageNet-V2 threshold 0.7', 'v2ti': 'ImageNet-V2 top images'}
+  lines = []
+  for key in keys:
+    prefix, top5 = key.split('_')[0], '_top5_' in key
+    title = names.get(key) or f'{names.get(prefix, prefix)} {"top-5" if top5 else "top-1"} error'
+    lines += [f'{title[0].upper()}{title[1:]} (%), last epoch, median over the finished seeds:', '',
+              '| row | ' + ' | '.join(study.columns) + ' |', '|' + '---|' * (1 + len(study.columns))]
+    for row in study.rows:
+      cells = [row]
+      for col in study.columns:
+        errors = [100.0 * (1.0 - record[key]) for r, record in finished.items()
+                  if r.in_row(row) and r.column == col and key in record]
+        cells.append(_cell(errors))
+      lines.append('| ' + ' | '.join(cells) + ' |')
+    lines.append('')
+  return lines
+
+
 def _levelling(study: Study, workdir: str) -> list[str]:
   """Whether training ran its course: each column's test error at the end minus at 80% of the epochs."""
   from jaxdecouple.plots import learning_curves
@@ -247,6 +278,7 @@ def report(study: Study, workdir: str, results_path: str, figures_dir: str, comm
     lines += _gaps_and_checks(study, workdir)
   if study.best_accuracy and done:
     lines += _best_accuracy(study, workdir)
+  lines += _other_accuracies(study, workdir)
   if done:
     lines += _levelling(study, workdir) + _time_to_target(study, workdir)
   return '\n'.join(lines + _figures(study, workdir, results_path, figures_dir))
