@@ -25,7 +25,7 @@ def folder(tmp_path_factory):
 
 def streamed_config(root, **overrides):
   kw = {'dataset': 'imagenet', 'data.source': 'folder', 'data.path': root, 'data.image_size': 16,
-        'batch_size': 8, 'eval_batch_size': 8, 'num_epochs': 2, 'optim.milestones': (), 'log_every_steps': 1,
+        'batch_size': 8, 'eval_batch_size': 12, 'num_epochs': 2, 'optim.milestones': (), 'log_every_steps': 1,
         'checkpoint_every_steps': 2, 'data.workers': 2, 'profile_every_steps': 0}
   return tiny_config(**{**kw, **overrides})
 
@@ -362,3 +362,27 @@ def test_imagenet_configs_are_the_papers_recipes():
   assert (c.replica.num_workers, c.replica.min_depth, c.batch_size, c.num_epochs) == (2, 10, 256, 90)
   assert (c.replica.batch_norm, c.data.imagenet_v2, c.optim.milestones) == ('running', 'all', (30, 60))
   assert configs['adl_imagenet_resnet50.py'].pipeline.accumulation == 2
+
+
+def test_a_replica_process_decodes_only_its_own_workers(folder, monkeypatch):
+  """Under jax.distributed each process supplies only its devices' shards, so it decodes only the rows of
+  the workers placed there: with workers 2 and 3 on another process's devices, their rows stay empty and
+  the others are what one process decodes."""
+  import types
+  from jaxdecouple.data import TrainOrder, load_dataset
+  from jaxdecouple.methods import METHODS
+  from jaxdecouple.train import build_setup
+  c = streamed_config(folder, method='localsgd', **{'replica.num_workers': 4, 'batch_size': 4})
+  dataset = load_dataset(c.data, c.dataset)
+  method = METHODS['localsgd'](build_setup(c, dataset))
+  order = TrainOrder(len(dataset.x_train), 4, c.seed)
+  whole = method.train_batch(dataset.x_train, None, order, 5)
+  engine = method.engine
+  fake = np.array([types.SimpleNamespace(process_index=p) for p in (0, 0, 1, 1)])  # 2 processes x 2 devices
+  monkeypatch.setattr(engine, 'mesh', types.SimpleNamespace(devices=fake))
+  monkeypatch.setattr(engine, 'per_device', 1)
+  mine = method.train_batch(dataset.x_train, None, order, 5)
+  np.testing.assert_array_equal(mine.images[:2], whole.images[:2])
+  np.testing.assert_array_equal(mine.labels[:2], whole.labels[:2])
+  assert not mine.images[2:].any() and not mine.labels[2:].any()
+  assert not np.array_equal(whole.images[0], whole.images[1])  # each worker its own shuffle and crops
