@@ -42,10 +42,11 @@ class TrainOrder:
     self._cached: tuple[int, np.ndarray] | None = None
 
   def permutation(self, epoch: int) -> np.ndarray:
-    if self._cached is None or self._cached[0] != epoch:
+    cached = self._cached  # read once: prefetching threads may ask for other epochs at the same time
+    if cached is None or cached[0] != epoch:
       rng = np.random.default_rng([self.seed, self.stream, epoch])
-      self._cached = (epoch, rng.permutation(self.num_examples))
-    return self._cached[1]
+      cached = self._cached = (epoch, rng.permutation(self.num_examples))
+    return cached[1]
 
   def indices(self, step: int) -> np.ndarray:
     epoch, i = divmod(step, self.steps_per_epoch)

@@ -158,11 +158,13 @@ class StreamImages:
 
 
 class Prefetcher:
-  """Computes ``batch_of(step)`` for the next ``depth`` steps in a background thread, in order."""
+  """Computes ``batch_of(step)`` for the next ``depth`` steps in ``depth`` background threads (so one batch's
+  reading and collecting overlaps another's decoding) and returns them in order. ``batch_of`` must be a
+  pure function of the step, safe to call from several threads."""
 
   def __init__(self, batch_of: Callable[[int], object], start: int, stop: int, depth: int):
     self._batch_of, self._next, self._stop, self._depth = batch_of, start, stop, max(depth, 1)
-    self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='prefetch')
+    self._pool = concurrent.futures.ThreadPoolExecutor(self._depth, thread_name_prefix='prefetch')
     self._pending: dict[int, concurrent.futures.Future] = {}
 
   def __call__(self, step: int):
