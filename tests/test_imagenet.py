@@ -386,3 +386,16 @@ def test_a_replica_process_decodes_only_its_own_workers(folder, monkeypatch):
   np.testing.assert_array_equal(mine.labels[:2], whole.labels[:2])
   assert not mine.images[2:].any() and not mine.labels[2:].any()
   assert not np.array_equal(whole.images[0], whole.images[1])  # each worker its own shuffle and crops
+
+
+def test_a_dead_decoding_process_stops_with_one_line(folder, monkeypatch):
+  import concurrent.futures.process
+
+  class Broken:
+    def map(self, *a, **k):
+      raise concurrent.futures.process.BrokenProcessPool('A process in the process pool was terminated abruptly')
+
+  train, _ = imagenet.load_folder(folder)
+  monkeypatch.setattr(stream, 'decode_pool', lambda workers: Broken())
+  with pytest.raises(DataError, match='a JPEG decoding process died .* lower data.workers'):
+    stream.StreamImages(train, 16, True, workers=2).take([0, 1], (0, 0, 0))

@@ -18,6 +18,7 @@ readable one of its split, with a warning, and counted (``StreamImages.skipped``
 from __future__ import annotations
 
 import concurrent.futures
+import concurrent.futures.process
 import dataclasses
 import math
 import os
@@ -141,10 +142,17 @@ class StreamImages:
     read = list(_read_pool().map(self._read, indices))
     jobs = [(r[0] if not isinstance(r, str) else b'', self.size, None if key is None else [*key, p], self.flip)
             for p, r in enumerate(read)]
-    pool = decode_pool(self.workers)
-    chunk = max(1, math.ceil(len(jobs) / (pool._max_workers * 2)))  # noqa: SLF001
-    decoded = [x for part in pool.map(decode_many, [jobs[a:a + chunk] for a in range(0, len(jobs), chunk)])
-               for x in part]
+    workers = self.workers or os.cpu_count() or 1
+    chunk = max(1, math.ceil(len(jobs) / (workers * 2)))
+    try:
+      decoded = [x for part in decode_pool(workers).map(decode_many, [jobs[a:a + chunk]
+                                                                     for a in range(0, len(jobs), chunk)])
+                 for x in part]
+    except concurrent.futures.process.BrokenProcessPool as e:
+      with _POOLS_LOCK:
+        _POOLS.pop(workers, None)  # a later run starts a fresh pool
+      raise DataError(f'a JPEG decoding process died while decoding {self.files.where} ({e}); most often the '
+                      'machine ran out of memory: lower data.workers or data.prefetch, then resume') from e
     images, labels = [], []
     for p, (i, r, x) in enumerate(zip(indices, read, decoded)):
       if isinstance(r, str) or isinstance(x, str):
