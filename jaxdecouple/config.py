@@ -48,7 +48,7 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.data.tfds_download = True
   c.data.tfds_manual_dir = ''  # imagenet: ILSVRC2012_img_train.tar and _val.tar, prepared by tfds (needs TensorFlow)
   c.data.image_size = 224      # imagenet: training crops and evaluation centre crops are this many pixels a side
-  c.data.workers = 0           # imagenet: threads decoding JPEGs (0: one per core)
+  c.data.workers = 0           # imagenet: processes decoding JPEGs (0: one per core)
   c.data.prefetch = 2          # imagenet: batches decoded ahead of the step that needs them
   c.data.imagenet_v2 = ''      # imagenet: also evaluate on ImageNet-V2: 'all' or some of matched-frequency,
                                # threshold-0.7, topimages (comma-separated)
@@ -198,7 +198,7 @@ def _check_streamed_data(config, data) -> None:
   if config.data.image_size > 1024:
     fail('data.image_size', f'{config.data.image_size} pixels is more than 1024; ImageNet models train at 224')
   if config.data.workers > 256:
-    fail('data.workers', f'{config.data.workers} decoding threads is more than 256; 0 uses one per core')
+    fail('data.workers', f'{config.data.workers} decoding processes is more than 256; 0 uses one per core')
   variants = [v.strip() for v in config.data.imagenet_v2.split(',') if v.strip()]
   if variants:
     if not streamed:

@@ -288,7 +288,7 @@ def _train_with(config, workdir: str, stop: _StopSignal, checkpointer: Checkpoin
                len(dataset.x_train), len(dataset.x_test), config.model, total_steps, config.batch_size,
                spe, ', '.join(str(d) for d in setup.devices))
   if dataset.streamed:
-    logging.info('streaming %s: %d classes, %d-pixel crops decoded by %d threads, %d batches ahead; train %s, '
+    logging.info('streaming %s: %d classes, %d-pixel crops decoded by %d processes, %d batches ahead; train %s, '
                  'test %s%s', config.dataset, dataset.num_classes, config.data.image_size,
                  config.data.workers or os.cpu_count() or 1, config.data.prefetch, dataset.x_train.files.where,
                  dataset.x_test.files.where, ''.join(f', {k} {v.files.where} ({len(v)} images)'
