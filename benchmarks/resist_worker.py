@@ -4,10 +4,10 @@
 
 Times, on one device, jitted training steps (forward, backward and masked update) of: the full model
 with no skipping machinery at all (local SGD's worker step: the reference), the full model through
-the gather path (every block owned, as many slots as blocks: what the gathering costs), and each of
+the slots (every block owned, as many slots as blocks: what the slot machinery costs), and each of
 the S sub-networks of round 0 as the replica engine runs them: by default (replica.skip=gather) the
-worker's own partitioned blocks gathered into fixed slots, no control flow; with --with_cond also
-through lax.cond per block (replica.skip=cond), and the full model through that lax.cond code.
+worker's own partitioned blocks in its fixed slots, a leftover slot's output dropped, no control flow;
+with --with_cond also with lax.cond per slot (replica.skip=cond).
 Reports the median seconds over --iters timed iterations after --warmup (compilation), each waiting
 for its result (with --rounds=R: every row compiled and warmed first, then R rounds each timing every
 row in turn; seconds and ratio are medians over the rounds, with the ratios' range), the ratio to the
@@ -69,18 +69,29 @@ def main(argv=None):
   c.replica.min_depth = args.min_depth
   engine = engines['gather']
   variables = jax.device_get(engine.model.init(jax.random.key(0), jnp.zeros((1, *ds.image_shape))))
-  params, stats = variables['params'], variables['batch_stats']
-  opt_state = engine.setup.optimizer.init(params)
+
+  def worker_state(e, w):
+    """Worker w's stored state in engine e's layout (shared layers, its slots of round 0)."""
+    member = e.membership(0)
+    take = lambda tree: jax.tree.map(lambda x: jnp.asarray(x[w]), e.to_workers(tree, member))
+    params = take(variables['params'])
+    return params, take(variables['batch_stats']), e.setup.optimizer.init(params)
   images, labels = jnp.asarray(ds.x_train[:args.batch]), jnp.asarray(ds.y_train[:args.batch])
   steps = {skip: jax.jit(e._worker_step) for skip, e in engines.items()}
   c.method = 'localsgd'
-  plain = jax.jit(METHODS['localsgd'](build_setup(c, ds)).engine._worker_step)  # no skipping at all
+  local_sgd = METHODS['localsgd'](build_setup(c, ds)).engine
+  plain = jax.jit(local_sgd._worker_step)  # no skipping at all
   flops = block_flops(engine.model, ds.image_shape)
   flops = dict(zip(engine.model.block_names, flops))
   full_flops = sum(flops.values())
 
-  def step(member, skip):
-    fn, member = (plain, ()) if member is None else (steps[skip], jnp.asarray(member))
+  def step(worker, skip):
+    if worker is None:
+      fn, e, member = plain, local_sgd, ()
+    else:
+      fn, e = steps[skip], engines[skip]
+      member = jnp.asarray(e.membership(0)[worker])
+    params, stats, opt_state = worker_state(e, worker or 0)
     return lambda: jax.block_until_ready(fn(params, stats, opt_state, member, images, labels, 0, np.int32(0)))
 
   def timed(call):
@@ -93,19 +104,18 @@ def main(argv=None):
 
   blocks = engine.partitioned
   membership = engine.membership(0)
-  rows = [('full model (local SGD step, no skipping)', None, None),
-          ('full model through the gather path', np.ones(len(blocks), bool), 'gather_all')]
-  rows += [(f'worker {w} of {args.workers}, gathered', membership[w], 'gather') for w in range(args.workers)]
+  rows = [('full model (local SGD step, no skipping)', None, None, None),
+          ('full model through the slots (one per block)', np.ones(len(blocks), bool), 'gather_all', 0)]
+  rows += [(f'worker {w} of {args.workers}, slots', membership[w], 'gather', w) for w in range(args.workers)]
   if args.with_cond:
-    rows += [('full model through lax.cond', np.ones(len(blocks), bool), 'cond')]
-    rows += [(f'worker {w} of {args.workers}, lax.cond', membership[w], 'cond') for w in range(args.workers)]
-  calls = [step(member, skip) for _, member, skip in rows]
+    rows += [(f'worker {w} of {args.workers}, lax.cond', membership[w], 'cond', w) for w in range(args.workers)]
+  calls = [step(worker, skip) for _, _, skip, worker in rows]
   for call in calls:  # compilation and warm-up of every row first, then the timed rounds
     for _ in range(args.warmup):
       call()
   rounds = [[timed(call) for call in calls] for _ in range(args.rounds)]
   results = []
-  for i, (label, member, skip) in enumerate(rows):
+  for i, (label, member, skip, _) in enumerate(rows):
     seconds = statistics.median(r[i] for r in rounds)
     ratios = [r[i] / r[0] for r in rounds]
     active = np.ones(len(blocks), bool) if member is None else member

@@ -102,8 +102,8 @@ def get_default_config() -> ml_collections.ConfigDict:
                                    # (TPU pods, SLURM, ...); or 'HOST:PORT' with the two fields below
   c.distributed.num_processes = 1
   c.distributed.process_id = 0
-  c.distributed.transfer_address = ''  # pipeline methods: HOST:PORT where this process receives other
-                                       # stages' messages; '': this host's address toward the coordinator,
+  c.distributed.transfer_address = ''  # pipeline methods and resist: HOST:PORT where this process receives
+                                       # other stages' messages or other workers' blocks; '': this host's address toward the coordinator,
                                        # port = the coordinator's + 1 + process_id (with 'auto': required)
   return c
 
@@ -284,9 +284,9 @@ def validate(config) -> None:
          'runs in one process')
   if d.transfer_address and (':' not in d.transfer_address or not d.transfer_address.rsplit(':', 1)[1].isdigit()):
     fail('distributed.transfer_address', f"must be '' (automatic) or HOST:PORT, got {d.transfer_address!r}")
-  if d.coordinator == 'auto' and methods.METHODS[config.method].pipelined and not d.transfer_address:
-    fail('distributed.transfer_address', "is required with coordinator='auto' for a pipeline method: HOST:PORT "
-         "where this process receives the other stages' messages")
+  if d.coordinator == 'auto' and methods.METHODS[config.method].transfers and not d.transfer_address:
+    fail('distributed.transfer_address', f"is required with coordinator='auto' for {config.method}: HOST:PORT where "
+         "this process receives what the other processes send it")
   if d.coordinator and config.pipeline.diagnose_every_steps:
     fail('pipeline.diagnose_every_steps', 'compares stages with back-propagation on one device, so it runs in one '
          'process; leave it at 0 in a multi-process run')

@@ -198,7 +198,7 @@ def _finite(state) -> bool:
 
 
 def transfer_address(d) -> str:
-  """Where this process receives pipeline messages from other processes: ``d.transfer_address``, or this
+  """Where this process receives transfers (pipeline messages, ResIST's blocks) from other processes: ``d.transfer_address``, or this
   host's address on the route to the coordinator, port = the coordinator's + 1 + process id."""
   if d.transfer_address:
     return d.transfer_address
@@ -212,15 +212,15 @@ def transfer_address(d) -> str:
   return f'{here}:{int(port) + 1 + d.process_id}'
 
 
-def start_processes(d, pipeline: bool = False) -> None:
+def start_processes(d, transfers: bool = False) -> None:
   """Joins a multi-process run (config.distributed) before JAX computes anything; on CPUs the
   collectives between processes go through gloo; pipeline stages in different processes send their
-  messages with JAX's cross-process transfers, which listen on ``transfer_address``."""
+  messages, and ResIST its blocks, with JAX's cross-process transfers, which listen on ``transfer_address``."""
   if not d.coordinator or jax.distributed.is_initialized():
     return
   if jax.config.jax_platforms in (None, '', 'cpu'):
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  if pipeline and (d.transfer_address or d.coordinator != 'auto'):  # with 'auto', only when given
+  if transfers and (d.transfer_address or d.coordinator != 'auto'):  # with 'auto', only when given
     jax.config.update('jax_cross_host_transfer_socket_address', transfer_address(d))
   if d.coordinator == 'auto':
     jax.distributed.initialize()
@@ -254,7 +254,7 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
   """
   config_lib.validate(config)
   use_cpu_devices(config.cpu_devices)
-  start_processes(config.distributed, pipeline=METHODS[config.method].pipelined)
+  start_processes(config.distributed, transfers=METHODS[config.method].transfers)
   with _StopSignal(jax.process_count() > 1) as stop:
     lock = open_workdir(config, workdir, jax.process_index() if jax.process_count() > 1 else None)
     try:
@@ -336,7 +336,8 @@ def _train_with(config, workdir: str, stop: _StopSignal, checkpointer: Checkpoin
     elapsed = now - interval_start
     rate = interval_steps * config.batch_size / elapsed if elapsed > 0 else 0.0
     if values:
-      means = {k: float(np.mean([v[k] for v in values if k in v])) for k in values[-1]}
+      keys = dict.fromkeys(k for v in values for k in v)  # some only on some steps (a replica round's bytes)
+      means = {k: float(np.mean([v[k] for v in values if k in v])) for k in keys}
       if not np.isfinite(means.get('train_loss', 0.0)):  # read here anyway: the hot loop never waits for it
         diverged(step, f"the training loss is {means['train_loss']}")
       eta = (total_steps - step) * elapsed / max(interval_steps, 1)

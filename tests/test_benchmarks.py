@@ -76,10 +76,10 @@ def test_resist_worker_benchmark_times_each_sub_network(capsys):
     assert r['ratio_range'][0] <= r['ratio'] <= r['ratio_range'][1] and r['seconds'] > 0
   out = capsys.readouterr().out
   assert 'min-max over rounds' in out
-  assert out.count(', gathered |') == 2
+  assert out.count(', slots |') == 2
   assert '| full model (local SGD step, no skipping) | 5 | 5 |' in out
-  assert '| full model through the gather path | 5 | 5 |' in out
-  assert '| worker 1 of 2, gathered | 2 | 3 |' in out  # 5 blocks, S = 2: slots of 3, one dropped
+  assert '| full model through the slots (one per block) | 5 | 5 |' in out
+  assert '| worker 1 of 2, slots | 2 | 3 |' in out  # 5 blocks, S = 2: slots of 3, one dropped
 
 
 def test_torch_reference_runs_or_says_pytorch_is_missing(capsys):

@@ -379,7 +379,7 @@ def test_a_replica_process_decodes_only_its_own_workers(folder, monkeypatch):
   whole = method.train_batch(dataset.x_train, None, order, 5)
   engine = method.engine
   fake = np.array([types.SimpleNamespace(process_index=p) for p in (0, 0, 1, 1)])  # 2 processes x 2 devices
-  monkeypatch.setattr(engine, 'mesh', types.SimpleNamespace(devices=fake))
+  monkeypatch.setattr(engine, 'devices', list(fake))
   monkeypatch.setattr(engine, 'per_device', 1)
   mine = method.train_batch(dataset.x_train, None, order, 5)
   np.testing.assert_array_equal(mine.images[:2], whole.images[:2])

@@ -20,6 +20,7 @@ class Method(abc.ABC):
   name: ClassVar[str]
   scans_blocks: ClassVar[bool] = True  # whether config.scan_blocks applies (the replica engine unrolls)
   pipelined: ClassVar[bool] = False  # a configuration of the pipeline engine (stages on devices)
+  transfers: ClassVar[bool] = False  # sends arrays between devices of different processes (jax.device_put)
 
   def __init__(self, setup: Setup):
     self.setup = setup

@@ -19,6 +19,7 @@ class PipelineMethod(Method):
   keep: str | None = None  # what a stage keeps of a forward, when the method fixes it (else pipeline.keep)
   accumulates = False  # whether pipeline.accumulation and pipeline.adl_mode mean anything here
   pipelined = True
+  transfers = True
 
   def schedule(self, num_stages: int) -> Schedule:
     """How data and gradients flow (jaxdecouple/pipeline/schedule.py); FDG's by default."""

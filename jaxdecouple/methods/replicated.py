@@ -10,6 +10,7 @@ ensemble  the paper's A.2 baseline: S sub-ResNets from one partition, trained wi
 """
 from __future__ import annotations
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,7 +19,7 @@ from jaxdecouple.config import fail
 from jaxdecouple.data import Batch
 from jaxdecouple.methods.base import Method, Setup
 from jaxdecouple.models import build_model
-from jaxdecouple.replica import Replica, ReplicaSpec, ReplicaState, masked_apply, partitioned_blocks
+from jaxdecouple.replica import Replica, ReplicaSpec, ReplicaState, partitioned_blocks, slot_apply
 
 
 class ReplicaMethod(Method):
@@ -84,7 +85,13 @@ class ReplicaMethod(Method):
     return self.engine.init(rng, example)
 
   def step(self, state: ReplicaState, batch: Batch, step: int):
-    return self.engine.step(state, batch, step)
+    state, metrics = self.engine.step(state, batch, step)
+    if 'sent_mb' in metrics and not getattr(self, '_told', False):
+      self._told = True
+      logging.info('first round (measured, per device): %.2f MB of blocks sent and %.2f MB received across devices, '
+                   '%.2f MB into the shared layers\' collective; logged each round as sent_mb, received_mb, '
+                   'all_reduce_mb', metrics['sent_mb'], metrics['received_mb'], metrics['all_reduce_mb'])
+    return state, metrics
 
   def eval_variables(self, state: ReplicaState) -> dict:
     params, stats = self.engine.averaged(state)  # replicated over the mesh: this process's copy
@@ -96,29 +103,35 @@ class ReplicaMethod(Method):
 
   def describe(self, state: ReplicaState) -> list[str]:
     e, s = self.engine, self.engine.spec
-    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), state.params)
-    shared, blocks = e.parameter_counts(params)
-    total = shared + sum(blocks.values())
+    network = e.network_shapes(state.params)
+    shared, blocks = e.parameter_counts(network)
     lines = [f'{s.num_workers} workers on {e.mesh.devices.size} devices ({e.per_device} per device), '
              f'{s.local_steps} local iterations per round, batch {self.setup.config.batch_size} per worker, '
              f'momentum {s.momentum}, BatchNorm {s.batch_norm} statistics']
     if e.partitioned:
       line = (f'  partitioned: {len(e.partitioned)} blocks ({e.partitioned[0]}..{e.partitioned[-1]}, '
-              f'{sum(blocks.values()) / 1e6:.2f}M params); shared: {shared / 1e6:.2f}M params')
+              f'{sum(blocks.values()) / 1e6:.2f}M params); shared: {shared / 1e6:.2f}M params; '
+              f'each worker holds the shared layers and {e.slots} block slots')
       if state.membership.is_fully_addressable:
         sizes = np.asarray(jax.device_get(state.membership)).sum(axis=1)
         line += f'; blocks per worker this round: {", ".join(map(str, sizes))}'
       lines.append(line)
-    traffic = e.round_traffic(params, 0)
-    full = 2 * total * 4 * s.num_workers
-    lines.append(f'  communication per round: {traffic["total"] / 1e9:.3f} GB for all workers '
-                 f'({traffic["sent_per_worker"] / 1e6:.1f} MB sent, {traffic["received_per_worker"] / 1e6:.1f} MB '
-                 f'received per worker); local SGD would move {full / 1e9:.3f} GB')
+    held = e.resident_bytes(state)
+    lines.append(f'  stored on each of this process\'s devices (parameters, statistics, momentum; measured): '
+                 + ', '.join(f'{d}: {b / 1e6:.1f} MB' for d, b in held.items()))
+    if s.average:
+      model = e.traffic_model(network, 0)
+      full = 2 * (shared + sum(blocks.values())) * 4 * s.num_workers
+      lines.append(f'  communication per round, model (Table 1\'s count): {model["total"] / 1e9:.3f} GB for all '
+                   f'workers ({model["sent_per_worker"] / 1e6:.1f} MB sent, {model["received_per_worker"] / 1e6:.1f} '
+                   f'MB received per worker; local SGD: {full / 1e9:.3f} GB); measured figures are logged each '
+                   'round as sent_mb, received_mb, all_reduce_mb')
     return lines
 
 
 class ResIST(ReplicaMethod):
   name = 'resist'
+  transfers = True  # blocks travel to their next owners
 
 
 class LocalSGD(ReplicaMethod):
@@ -146,8 +159,8 @@ class Ensemble(ReplicaMethod):
       for w in range(e.spec.num_workers):  # unrolled: XLA:CPU runs convolutions in loops slowly
         p, s, m = jax.tree.map(lambda v: v[w], (variables['params'], variables['batch_stats'],
                                                 variables['membership']))
-        logits, _ = masked_apply(e.chain, e.index, {'params': p, 'batch_stats': s}, x, m, train=train,
-                                 skip=e.spec.skip, slots=e.slots)
+        logits, _ = slot_apply(e.chain, e.partitioned, {'params': p, 'batch_stats': s}, x, e._valid(m),
+                               train=train, skip=e.spec.skip)
         probs.append(jax.nn.softmax(logits.astype(jnp.float32)))
       return jnp.log(jnp.mean(jnp.stack(probs), axis=0))
     return predict

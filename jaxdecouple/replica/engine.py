@@ -3,22 +3,26 @@
 Every per-worker array is stacked on a leading worker axis and sharded over a 'worker' mesh axis;
 a local iteration runs under ``jax.shard_map``, each device running the workers it holds one after
 another, so S workers run on S devices, or on fewer devices with the same code and numbers.
-Inside, a worker runs only the partitioned blocks it owns (identity elsewhere, no compute, no
-gradient): by default its blocks are gathered by index from the stacked partitioned blocks into a
-fixed number of slots (no control flow); ``skip='cond'`` uses ``lax.cond`` per block instead, which
-XLA:CPU runs about 20x slower (convolutions inside a conditional; see docs/PERFORMANCE.md). The
-update is masked too, so a block a worker does not own is left exactly as it was (weight decay and
-momentum included).
 
-Every ``local_steps`` iterations the workers average: a leaf of block b is averaged over the
-workers whose weight for b is 1 (shared blocks: all workers; partitioned ones: their owners this
-round), ``psum(w * p) / psum(w)``. Then the next round's partition is drawn from (seed, round).
+**Storage.** A worker holds the shared layers (every block outside the partitioned section) and, for
+ResIST, only the partitioned blocks it owns this round, in ``slots`` fixed slots (``params[SLOTS]``,
+leaves (S, slots, ...); likewise BatchNorm statistics and momentum): slot j holds the worker's j-th
+block in chain order, and the slots a smaller sub-network leaves over are zero and run as identity
+(their output dropped with ``jnp.where``, exact zero gradient, update masked), or skipped with
+``lax.cond`` (``skip='cond'``, which XLA:CPU runs about 20x slower). Nothing else of the partitioned
+section is on the worker's device.
+
+**Rounds.** Every ``local_steps`` iterations: the shared layers are averaged over all workers (one
+all-reduce of the shared layers only); each partitioned block travels from the worker(s) that trained
+it to its owner(s) of the next round (``exchange.py``: ``jax.device_put`` of exactly those rows,
+averaged over the previous owners where a minimum depth lets several hold a block). Local SGD has no
+slots: everything is shared and all-reduced. The bytes that crossed a device boundary are counted from
+the arrays handed to the transfers and to the all-reduce.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -29,9 +33,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxdecouple.common import Setup, classification_loss
 from jaxdecouple.data import Batch, TrainOrder, train_inputs
 from jaxdecouple.models import Chain, Model, count_params
+from jaxdecouple.replica import exchange, wire
 from jaxdecouple.replica.partition import draw_partition, partitioned_blocks, test_time_scale
 
 AXIS = 'worker'
+SLOTS = 'slots'  # the key under which a worker's partitioned blocks sit, stacked on a slot axis
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +53,7 @@ class ReplicaSpec:
   batch_norm: str = 'batch'     # batch (batch statistics at test time too) | running
   quantize_bits: int = 0
   sparsify: float = 0.0
-  skip: str = 'gather'          # how a worker skips blocks it does not own: gather | cond
+  skip: str = 'gather'          # how a worker's empty slots are skipped: gather (select) | cond
 
   @property
   def compresses(self) -> bool:
@@ -55,11 +61,17 @@ class ReplicaSpec:
 
 
 class ReplicaState(NamedTuple):
-  params: Any          # every leaf with a leading worker axis
+  params: Any          # shared blocks by name, leaves (S, ...); ResIST: SLOTS, leaves (S, slots, ...)
   batch_stats: Any
   opt_state: Any
   membership: Any      # (S, P) bool: worker w runs partitioned block b this round; () for local SGD
-  anchor: Any          # the round's starting parameters when compressing (what deltas refer to), else ()
+
+
+class Traffic(NamedTuple):
+  """Bytes one round moved across device boundaries, per device (counted from the arrays sent)."""
+  sent: np.ndarray
+  received: np.ndarray
+  all_reduce: int      # bytes of the shared layers each device contributed to the all-reduce
 
 
 def _run_block(module, block, x, train: bool):
@@ -70,47 +82,60 @@ def _run_block(module, block, x, train: bool):
   return module.apply(block, x, train=train), block.get('batch_stats')
 
 
-def masked_apply(chain: Chain, index: dict[str, int], variables, x, member, train: bool,
-                 skip: str = 'gather', slots: int | None = None):
-  """Runs the chain with only the partitioned blocks ``b`` where ``member[index[b]]`` (the others are
-  identity: not computed, no gradient). Returns the output and the batch statistics (unchanged where
-  skipped).
+def slot_apply(chain: Chain, partitioned: Sequence[str], variables, x, valid, train: bool,
+               skip: str = 'gather'):
+  """Runs one worker's sub-network: the shared blocks by name and, in place of the (contiguous, alike)
+  partitioned blocks, the worker's slots ``variables[c][SLOTS]`` in order, slot j only where
+  ``valid[j]``. Returns the output and the new batch statistics (a skipped slot's unchanged).
 
-  ``skip='gather'`` (default): the partitioned blocks (contiguous and of one definition) are
-  stacked, the worker's own ones gathered by index in chain order into ``slots`` fixed slots (as many
-  as the largest sub-network can own; default: every partitioned block); a slot left over by a
-  smaller sub-network repeats one of its blocks and its output is discarded (the one computation
-  that is wasted). No control flow, so it runs at full speed on every backend.
-  ``skip='cond'``: ``lax.cond`` per partitioned block (nothing wasted, but XLA:CPU runs convolutions
-  inside a conditional ~20x slower; see docs/PERFORMANCE.md).
-  """
-  names, modules = list(chain.names), list(chain.modules)
-  new_stats = {}
-  i = 0
-  while i < len(names):
-    name, module = names[i], modules[i]
-    block = {c: v[name] for c, v in variables.items() if name in v}
-    if name in index and skip == 'gather':
-      end = i
-      while end < len(names) and names[end] in index:
-        end += 1
-      run = names[i:end]
-      if len(run) != len(index):
-        raise ValueError('the partitioned blocks must be contiguous in the chain; use skip="cond"')
-      if any(m != module for m in modules[i:end]):
-        raise ValueError('the partitioned blocks differ in definition; use skip="cond"')
-      x = _gathered(module, run, index, variables, x, member, train, slots or len(index), new_stats)
-      i += len(run)
+  ``skip='gather'``: every slot is computed and an empty slot's output dropped with ``jnp.where`` (its
+  zero parameters keep it finite; its gradient is exactly zero); no control flow, full speed on every
+  backend. ``skip='cond'``: ``lax.cond`` per slot (XLA:CPU runs convolutions inside it ~20x slower)."""
+  new_stats, done = {}, False
+  for name, module in zip(chain.names, chain.modules):
+    if name in partitioned:
+      if not done:
+        stacked = {c: v[SLOTS] for c, v in variables.items() if SLOTS in v}
+        x, stats = _run_slots(module, stacked, x, valid, train, skip)
+        if stats is not None:
+          new_stats[SLOTS] = stats
+        done = True
       continue
-    if name in index:
-      x, stats = jax.lax.cond(member[index[name]], functools.partial(_run_block, module, train=train),
-                              lambda block, x: (x, block.get('batch_stats')), block, x)
-    else:
-      x, stats = _run_block(module, block, x, train)
+    block = {c: v[name] for c, v in variables.items() if name in v}
+    x, stats = _run_block(module, block, x, train)
     if stats is not None:
       new_stats[name] = stats
-    i += 1
   return x, new_stats
+
+
+def _run_slots(module, stacked, x, valid, train: bool, skip: str):
+  new = []
+  for j in range(valid.shape[0]):
+    block = jax.tree.map(lambda s: s[j], stacked)
+    if skip == 'cond':
+      x, stats = jax.lax.cond(valid[j], functools.partial(_run_block, module, train=train),
+                              lambda block, x: (x, block.get('batch_stats')), block, x)
+    else:
+      y, stats = _run_block(module, block, x, train)
+      x = jnp.where(valid[j], y, x)
+      if stats is not None:
+        stats = jax.tree.map(lambda n, o: jnp.where(valid[j], n, o), stats, block['batch_stats'])
+    if stats is not None:
+      new.append(stats)
+  return x, (jax.tree.map(lambda *s: jnp.stack(s), *new) if new else None)
+
+
+def check_partitioned_run(chain: Chain, partitioned: Sequence[str]) -> None:
+  """Slots replace the partitioned blocks in place: they must be contiguous and of one definition."""
+  if not partitioned:
+    return
+  names = list(chain.names)
+  first = names.index(partitioned[0])
+  if tuple(names[first:first + len(partitioned)]) != tuple(partitioned):
+    raise ValueError('the partitioned blocks must be contiguous in the chain')
+  modules = dict(zip(chain.names, chain.modules))
+  if any(modules[n] != modules[partitioned[0]] for n in partitioned):
+    raise ValueError('the partitioned blocks differ in definition')
 
 
 def slot_count(num_blocks: int, num_workers: int, min_depth: int = 0) -> int:
@@ -118,48 +143,8 @@ def slot_count(num_blocks: int, num_workers: int, min_depth: int = 0) -> int:
   return min(num_blocks, max(-(-num_blocks // num_workers), min_depth))
 
 
-def _gathered(module, run: list[str], index, variables, x, member, train: bool, slots: int,
-              new_stats: dict):
-  """The contiguous partitioned blocks ``run`` (one module definition, stacked) through ``slots``
-  slots: the worker's own blocks in chain order, then repeats of its first one whose outputs are
-  dropped (``jnp.where`` on the output, so their gradient is exactly zero)."""
-  stacked = {c: jax.tree.map(lambda *xs: jnp.stack(xs), *[v[n] for n in run])
-             for c, v in variables.items() if run[0] in v}
-  count = jnp.sum(member)
-  order = jnp.argsort(jnp.logical_not(member), stable=True)  # owned blocks first, in chain order
-  for j in range(slots):
-    valid = j < count
-    b = jnp.where(valid, order[j], order[0])
-    y, stats = _run_block(module, jax.tree.map(lambda s: s[b], stacked), x, train)
-    x = jnp.where(valid, y, x)
-    if stats is not None:
-      stacked['batch_stats'] = jax.tree.map(
-          lambda s, new: s.at[b].set(jnp.where(valid, new, s[b])), stacked['batch_stats'], stats)
-  if 'batch_stats' in stacked:
-    for k, n in enumerate(run):
-      new_stats[n] = jax.tree.map(lambda s: s[k], stacked['batch_stats'])
-  return x
-
-
-def _block_of(path, names: frozenset) -> str | None:
-  for key in path:
-    if isinstance(key, jax.tree_util.DictKey) and key.key in names:
-      return key.key
-  return None
-
-
-def compress(delta: jax.Array, bits: int, keep: float) -> jax.Array:
-  """What a worker sends of a change: the largest ``keep`` fraction of its entries by magnitude
-  (the rest zero), then uniform quantisation to 2**bits levels over the tensor's [min, max]."""
-  if keep:
-    k = max(1, int(math.ceil(keep * delta.size)))
-    threshold = jax.lax.top_k(jnp.abs(delta).ravel(), k)[0][-1]
-    delta = jnp.where(jnp.abs(delta) >= threshold, delta, 0.0)
-  if bits:
-    lo, hi = jnp.min(delta), jnp.max(delta)
-    step = jnp.maximum(hi - lo, 1e-12) / (2 ** bits - 1)
-    delta = lo + jnp.round((delta - lo) / step) * step
-  return delta
+def _in_slots(path) -> bool:
+  return any(isinstance(k, jax.tree_util.DictKey) and k.key == SLOTS for k in path)
 
 
 class Replica:
@@ -170,15 +155,17 @@ class Replica:
     self.model: Model = setup.model
     self.chain = self.model.chain
     self.partitioned = partitioned_blocks(self.model) if spec.partition else ()
+    check_partitioned_run(self.chain, self.partitioned)
     self.index = {n: i for i, n in enumerate(self.partitioned)}
     self.slots = slot_count(len(self.partitioned), spec.num_workers, spec.min_depth)
-    self.block_names = frozenset(self.chain.names)
     d = max(n for n in range(1, min(len(devices), spec.num_workers) + 1) if spec.num_workers % n == 0)
     self.mesh = Mesh(np.array(devices[:d]), (AXIS,))
+    self.devices = list(self.mesh.devices.flat)
     self.per_device = spec.num_workers // d
     self.sharded = NamedSharding(self.mesh, P(AXIS))
     self.replicated = NamedSharding(self.mesh, P())
     self._orders: list[TrainOrder] | None = None
+    self.last_traffic: Traffic | None = None
 
   # --- partitions -------------------------------------------------------------------------------
   def membership(self, round_index: int):
@@ -200,16 +187,59 @@ class Replica:
   def put_workers(self, tree):
     return self._put(tree, self.sharded)
 
+  # --- layouts ------------------------------------------------------------------------------------
+  def to_workers(self, network, member) -> dict:
+    """One network (block name -> subtree, host arrays) -> the workers' layout (host arrays): each
+    shared block stacked S times; with partitioned blocks, SLOTS: worker w's blocks of ``member`` in
+    chain order, its leftover slots zero."""
+    S = self.spec.num_workers
+    out = {n: jax.tree.map(lambda x: np.broadcast_to(x, (S, *np.shape(x))), v)
+           for n, v in network.items() if n not in self.index}
+    if self.index and self.partitioned[0] in network:
+      empty = jax.tree.map(np.zeros_like, network[self.partitioned[0]])
+      workers = []
+      for w in range(S):
+        blocks = [network[self.partitioned[b]] for b in np.flatnonzero(member[w])]
+        blocks += [empty] * (self.slots - len(blocks))
+        workers.append(jax.tree.map(lambda *xs: np.stack(xs), *blocks))
+      out[SLOTS] = jax.tree.map(lambda *xs: np.stack(xs), *workers)
+    return out
+
+  def worker_network(self, tree, member, w: int) -> dict:
+    """Worker ``w``'s blocks by name (shared ones and the partitioned ones it holds) from a workers'
+    layout tree (host arrays): what the worker stores, under the blocks' own names."""
+    out = {n: jax.tree.map(lambda x: np.asarray(x)[w], v) for n, v in tree.items() if n != SLOTS}
+    if SLOTS in tree:
+      for j, b in enumerate(np.flatnonzero(np.asarray(member)[w])):
+        out[self.partitioned[b]] = jax.tree.map(lambda x: np.asarray(x)[w, j], tree[SLOTS])
+    return out
+
   # --- state --------------------------------------------------------------------------------------
+  def network_shapes(self, params) -> dict:
+    """One whole network's parameters as shapes (block name -> subtree), from the workers' layout."""
+    shape = lambda lead: lambda x: jax.ShapeDtypeStruct(x.shape[lead:], x.dtype)
+    out = {n: jax.tree.map(shape(1), v) for n, v in params.items() if n != SLOTS}
+    for n in self.partitioned:
+      out[n] = jax.tree.map(shape(2), params[SLOTS])
+    return out
+
   def init(self, rng: jax.Array, example: Batch) -> ReplicaState:
-    s = self.spec
     variables = jax.device_get(self.model.init(rng, jnp.zeros((1, *example.images.shape[-3:]), jnp.float32)))
-    stack = lambda tree: jax.tree.map(lambda x: np.broadcast_to(x, (s.num_workers, *np.shape(x))), tree)
-    params, stats = variables['params'], variables.get('batch_stats', {})
-    opt_state = jax.device_get(self.setup.optimizer.init(params))
-    anchor = self._put(params, self.replicated) if s.compresses else ()
-    return ReplicaState(self.put_workers(stack(params)), self.put_workers(stack(stats)),
-                        self.put_workers(stack(opt_state)), self.put_workers(self.membership(0)), anchor)
+    member = self.membership(0)
+    params = self.to_workers(variables['params'], member)
+    stats = self.to_workers(variables.get('batch_stats', {}), member)
+    opt_state = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(self.setup.optimizer.init, params))
+    return ReplicaState(self.put_workers(params), self.put_workers(stats), self.put_workers(opt_state),
+                        self.put_workers(member))
+
+  def resident_bytes(self, state: ReplicaState) -> dict:
+    """Bytes of the state's arrays (parameters, statistics, optimizer state) resident on each of this
+    process's devices, summed from the arrays' addressable shards."""
+    total = {}
+    for leaf in jax.tree.leaves((state.params, state.batch_stats, state.opt_state)):
+      for shard in leaf.addressable_shards:
+        total[shard.device] = total.get(shard.device, 0) + shard.data.nbytes
+    return total
 
   def train_batch(self, x, y: np.ndarray | None, step: int) -> Batch:
     """Worker w's batch of this step from its own shuffle of the whole training set (stream w)."""
@@ -225,27 +255,31 @@ class Replica:
     labels = np.zeros(idx.shape, np.int32)
     here = jax.process_index()
     for w, order in enumerate(self._orders):
-      if self.mesh.devices.flat[w // self.per_device].process_index == here:
+      if self.devices[w // self.per_device].process_index == here:
         images[w], labels[w] = x.take(idx[w], (order.seed, order.stream, step))
     return Batch(images, labels)
 
   # --- one local iteration ------------------------------------------------------------------------
+  def _valid(self, member):
+    """Which of a worker's slots hold a block: the first as many as it owns."""
+    return jnp.arange(self.slots) < jnp.sum(member)
+
   def _worker_step(self, params, stats, opt_state, member, images, labels, worker, step):
     s = self.setup
     x = train_inputs(images, step, s.config.seed, s.preprocess, stream=worker)
+    valid = self._valid(member) if self.index else jnp.zeros((0,), bool)
 
     def loss_fn(p):
-      logits, new_stats = masked_apply(self.chain, self.index, {'params': p, 'batch_stats': stats}, x,
-                                       member, train=True, skip=self.spec.skip, slots=self.slots)
+      logits, new_stats = slot_apply(self.chain, self.partitioned, {'params': p, 'batch_stats': stats}, x,
+                                     valid, train=True, skip=self.spec.skip)
       loss, accuracy = classification_loss(logits, labels)
       return loss, (new_stats, accuracy)
 
     (loss, (new_stats, accuracy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     new_params, new_opt = s.optimizer.update(grads, opt_state, params, s.schedule(step))
-    if self.index:  # blocks this worker does not run stay exactly as they were
+    if self.index:  # an empty slot stays exactly as it was (zero; weight decay and momentum included)
       def keep(path, new, old):
-        name = _block_of(path, self.block_names)
-        return jnp.where(member[self.index[name]], new, old) if name in self.index else new
+        return jnp.where(valid.reshape(-1, *[1] * (new.ndim - 1)), new, old) if _in_slots(path) else new
       new_params = jax.tree_util.tree_map_with_path(keep, new_params, params)
       new_opt = jax.tree_util.tree_map_with_path(keep, new_opt, opt_state)
     return new_params, new_stats, new_opt, loss, accuracy
@@ -279,70 +313,190 @@ class Replica:
       self._local_step = jax.jit(step_fn, donate_argnums=0)
     return self._local_step
 
+  # --- rows: a slot's block as one flat float32 row -------------------------------------------------
+  def _moving(self, params, stats, opt_state):
+    """What travels with a block: its parameters and statistics, and its momentum when averaged."""
+    return (params, stats, opt_state if self.spec.momentum == 'average' else ())
+
+  def _pack(self, tree):
+    """Slot leaves (..., slots, *shape) of this device -> rows (workers here * slots, R), float32."""
+    leaves = [x for path, x in jax.tree_util.tree_flatten_with_path(tree)[0] if _in_slots(path)]
+    return jnp.concatenate([x.reshape(self.per_device * self.slots, -1).astype(jnp.float32) for x in leaves],
+                           axis=1)
+
+  def row_width(self, state: ReplicaState) -> int:
+    leaves = [x for path, x in jax.tree_util.tree_flatten_with_path(self._moving(
+        state.params, state.batch_stats, state.opt_state))[0] if _in_slots(path)]
+    return sum(int(np.prod(x.shape[2:])) for x in leaves)
+
   # --- averaging ----------------------------------------------------------------------------------
-  def _weights(self, member):
-    """Per-block weights of this device's workers: (local workers,) arrays by block name."""
-    ones = jnp.ones((self.per_device,), jnp.float32)
-    return {n: member[:, self.index[n]].astype(jnp.float32) if n in self.index else ones
-            for n in self.chain.names}
+  @property
+  def pack_rows(self):
+    """The state's slots as rows, one per (worker, slot), sharded over the workers' devices."""
+    if not hasattr(self, '_pack_rows'):
+      w = P(AXIS)
+      f = jax.shard_map(lambda p, s, o: self._pack(self._moving(p, s, o)), mesh=self.mesh,
+                        in_specs=(w, w, w), out_specs=w, check_vma=False)
+      self._pack_rows = jax.jit(lambda st: f(st.params, st.batch_stats, st.opt_state))
+    return self._pack_rows
 
-  def _average(self, tree, member, anchor=None):
-    """Each leaf averaged over the workers that hold its block; the result has no worker axis."""
-    weights = self._weights(member)
+  def _finish(self, params, stats, opt_state, rows):
+    """Shared layers averaged over all workers; slots from the assembled rows; momentum restarted
+    unless averaged."""
+    shared = lambda tree: jax.tree_util.tree_map_with_path(
+        lambda path, x: x if _in_slots(path) else jnp.broadcast_to(
+            (jax.lax.psum(jnp.sum(x.astype(jnp.float32), axis=0), AXIS) / self.spec.num_workers).astype(x.dtype),
+            x.shape), tree)
+    params = self._shared_compressed(params) if self.spec.compresses else shared(params)
+    stats = shared(stats)
+    opt_state = shared(opt_state) if self.spec.momentum == 'average' else jax.tree.map(jnp.zeros_like, opt_state)
+    if self.index:
+      moving = self._moving(params, stats, opt_state)
+      moved = self._unpack_into(rows, moving)
+      params, stats = moved[0], moved[1]
+      if self.spec.momentum == 'average':
+        opt_state = moved[2]
+    return params, stats, opt_state
 
-    def avg(path, x):
-      w = weights[_block_of(path, self.block_names)]
-      if anchor is not None:  # compressed: what arrives is the anchor plus the compressed change
-        a = _leaf(anchor, path)
-        x = a[None] + jax.vmap(lambda d: compress(d, self.spec.quantize_bits, self.spec.sparsify))(x - a[None])
-      wx = jnp.tensordot(w, x.astype(jnp.float32), axes=1)
-      total = jax.lax.psum(jnp.sum(w), AXIS)
-      return (jax.lax.psum(wx, AXIS) / jnp.maximum(total, 1.0)).astype(x.dtype)
+  def _shared_compressed(self, params):
+    """Shared parameters sent compressed: each worker's encoded (one uint8 buffer per worker), gathered
+    by every device, decoded and averaged in worker order; every worker ends with the same average."""
+    s = self.spec
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+    shared = [x for path, x in flat if not _in_slots(path)]
+    sizes = [int(np.prod(x.shape[1:])) for x in shared]
+    buffers = jnp.concatenate([jax.vmap(lambda v: wire.encode(v.reshape(-1).astype(jnp.float32), s.quantize_bits,
+                                                               s.sparsify))(x) for x in shared], axis=1)
+    everyone = jax.lax.all_gather(buffers, AXIS, tiled=True)  # (S, bytes)
+    means, start = [], 0
+    for x, n in zip(shared, sizes):
+      size = wire.encoded_size(n, s.quantize_bits, s.sparsify)
+      decoded = jax.vmap(lambda b: wire.decode(b, n, s.quantize_bits, s.sparsify))(everyone[:, start:start + size])
+      means.append(jnp.broadcast_to((jnp.sum(decoded, axis=0) / s.num_workers).reshape(x.shape[1:]).astype(x.dtype),
+                                    x.shape))
+      start += size
+    out = iter(means)
+    return jax.tree_util.tree_unflatten(treedef, [x if _in_slots(path) else next(out) for path, x in flat])
 
-    return jax.tree_util.tree_map_with_path(avg, tree)
-
-  def _aggregate(self, params, stats, opt_state, member, anchor):
-    n = self.per_device
-    spread = lambda tree: jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *x.shape)), tree)
-    avg_params = self._average(params, member, anchor if self.spec.compresses else None)
-    avg_stats = self._average(stats, member)
-    if self.spec.momentum == 'average':
-      new_opt = spread(self._average(opt_state, member))
-    else:
-      new_opt = jax.tree.map(jnp.zeros_like, opt_state)
-    return spread(avg_params), spread(avg_stats), new_opt, avg_params
+  def _unpack_into(self, rows, tree):
+    """Rows (workers here * slots, R) -> ``tree`` with its slot leaves (workers here, slots, ...) replaced."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    out, start = [], 0
+    for path, x in flat:
+      if _in_slots(path):
+        size = int(np.prod(x.shape[2:]))
+        out.append(rows[:, start:start + size].reshape(x.shape).astype(x.dtype))
+        start += size
+      else:
+        out.append(x)
+    return jax.tree_util.tree_unflatten(treedef, out)
 
   @property
-  def aggregate(self):
-    if not hasattr(self, '_aggregate_fn'):
+  def finish(self):
+    if not hasattr(self, '_finish_fn'):
       w = P(AXIS)
-      f = jax.shard_map(self._aggregate, mesh=self.mesh, in_specs=(w, w, w, w, P()),
-                        out_specs=(w, w, w, P()), check_vma=False)
+      f = jax.shard_map(self._finish, mesh=self.mesh, in_specs=(w, w, w, w), out_specs=(w, w, w),
+                        check_vma=False)
 
-      def agg(state: ReplicaState, next_membership):
-        p, st, o, avg = f(state.params, state.batch_stats, state.opt_state, state.membership,
-                          state.anchor if self.spec.compresses else {})
-        return ReplicaState(p, st, o, next_membership, avg if self.spec.compresses else ())
+      def fin(state: ReplicaState, rows, next_membership):
+        p, st, o = f(state.params, state.batch_stats, state.opt_state, rows)
+        return ReplicaState(p, st, o, next_membership)
 
-      self._aggregate_fn = jax.jit(agg, donate_argnums=0)
-    return self._aggregate_fn
+      self._finish_fn = jax.jit(fin, donate_argnums=0)
+    return self._finish_fn
+
+  def shared_bytes(self, state: ReplicaState) -> int:
+    """Bytes one device puts into the collectives over the shared layers: float32 statistics (and
+    momentum when averaged) summed over its workers into the all-reduce, and the parameters likewise,
+    or, compressed, each of its workers' encoded parameters into the all-gather."""
+    s = self.spec
+    sizes = lambda tree: [int(np.prod(x.shape[1:])) for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+                          if not _in_slots(path)]
+    rest = sum(sizes((state.batch_stats, state.opt_state if s.momentum == 'average' else ())))
+    params = sizes(state.params)
+    if s.compresses:
+      return 4 * rest + self.per_device * sum(wire.encoded_size(n, s.quantize_bits, s.sparsify) for n in params)
+    return 4 * (rest + sum(params))
+
+  def codec(self, state: ReplicaState) -> wire.Codec | None:
+    """How a block's row is encoded on the wire (parameters compressed), or None."""
+    if not self.spec.compresses:
+      return None
+    sizes = [int(np.prod(x.shape[2:])) for path, x in jax.tree_util.tree_flatten_with_path(state.params)[0]
+             if _in_slots(path)]
+    return wire.Codec(sizes, self.row_width(state), self.spec.quantize_bits, self.spec.sparsify)
+
+  def aggregate(self, state: ReplicaState, round_index: int) -> ReplicaState:
+    """The end of round ``round_index``: shared layers all-reduced, blocks sent to their next owners."""
+    nxt = self.membership(round_index + 1)
+    devices = len(self.devices)
+    if self.index:
+      now = self.membership(round_index)
+      rows = self.pack_rows(state)
+      if not hasattr(self, '_codec'):
+        self._codec = self.codec(state)
+      route = exchange.plan(now, nxt, self.slots, self.per_device, coded=self._codec is not None)
+      rows, sent, received = exchange.run(rows, route, self.devices, self._codec)
+    else:
+      rows = jnp.zeros((0,), jnp.float32)
+      sent = received = np.zeros(devices, np.int64)
+    reduce = self.shared_bytes(state) if devices > 1 else 0
+    self.last_traffic = Traffic(sent, received, reduce)
+    return self.finish(state, rows if self.index else self._no_rows(), self.put_workers(nxt))
+
+  def _no_rows(self):
+    return self.put_workers(np.zeros((self.spec.num_workers, 0), np.float32))
 
   @property
   def averaged(self):
-    """The averaged network of the current state (mid-round too), without changing the state."""
+    """The averaged network of the current state (mid-round too), without changing the state: shared
+    layers averaged over all workers, each partitioned block over the workers holding it (gathered from
+    their slots: evaluation, unlike training, needs the whole network in one place)."""
     if not hasattr(self, '_averaged'):
       w = P(AXIS)
-      f = jax.shard_map(lambda p, s, m: (self._average(p, m), self._average(s, m)), mesh=self.mesh,
-                        in_specs=(w, w, w), out_specs=(P(), P()), check_vma=False)
+      f = jax.shard_map(self._whole, mesh=self.mesh, in_specs=(w, w, w), out_specs=(P(), P()), check_vma=False)
       self._averaged = jax.jit(lambda st: f(st.params, st.batch_stats, st.membership))
     return self._averaged
+
+  def _whole(self, params, stats, member):
+    mean = lambda tree: {n: jax.tree.map(lambda x: (jax.lax.psum(jnp.sum(x.astype(jnp.float32), axis=0), AXIS)
+                                                    / self.spec.num_workers).astype(x.dtype), v)
+                         for n, v in tree.items() if n != SLOTS}
+    out_params, out_stats = mean(params), mean(stats)
+    if self.index:
+      rows = jax.lax.all_gather(self._pack((params, stats)), AXIS, tiled=True)  # (S * slots, R)
+      member = jax.lax.all_gather(member, AXIS, tiled=True)  # (S, P)
+      position = jnp.cumsum(member, axis=1) - 1  # a block's slot on each worker holding it
+      total = 0.0
+      for w in range(self.spec.num_workers):  # selected, not weighted: one holder passes through exactly
+        total = total + jnp.where(member[w][:, None], rows[w * self.slots + jnp.maximum(position[w], 0)], 0.0)
+      blocks = total / jnp.maximum(jnp.sum(member, axis=0), 1)[:, None].astype(jnp.float32)
+      template = (params[SLOTS], stats.get(SLOTS, {}))
+      flat, treedef = jax.tree_util.tree_flatten(template)
+      leaves, start = [], 0
+      for x in flat:
+        size = int(np.prod(x.shape[2:]))
+        leaves.append(blocks[:, start:start + size].reshape(-1, *x.shape[2:]).astype(x.dtype))
+        start += size
+      p, s = jax.tree_util.tree_unflatten(treedef, leaves)
+      for b, name in enumerate(self.partitioned):
+        out_params[name] = jax.tree.map(lambda x: x[b], p)
+        if s:
+          out_stats[name] = jax.tree.map(lambda x: x[b], s)
+    order = {n: i for i, n in enumerate(self.chain.names)}
+    ordered = lambda tree: {n: tree[n] for n in sorted(tree, key=order.__getitem__)}
+    return ordered(out_params), ordered(out_stats)
 
   # --- the driver ---------------------------------------------------------------------------------
   def step(self, state: ReplicaState, batch: Batch, t: int):
     images, labels = self.put_workers((batch.images, batch.labels))
     state, metrics = self.local_step(state, images, labels, np.int32(t))
     if self.spec.average and (t + 1) % self.spec.local_steps == 0:
-      state = self.aggregate(state, self.put_workers(self.membership((t + 1) // self.spec.local_steps)))
+      state = self.aggregate(state, t // self.spec.local_steps)
+      traffic = self.last_traffic
+      metrics = {**metrics, 'sent_mb': float(np.mean(traffic.sent)) / 1e6,
+                 'received_mb': float(np.mean(traffic.received)) / 1e6,
+                 'all_reduce_mb': traffic.all_reduce / 1e6}
     return state, metrics
 
   # --- evaluation -------------------------------------------------------------------------------
@@ -362,24 +516,20 @@ class Replica:
     shared = sum(v for n, v in sizes.items() if n not in self.index)
     return shared, {n: sizes[n] for n in self.partitioned}
 
-  def round_traffic(self, params, round_index: int, bytes_per_param: float = 4.0) -> dict[str, float]:
-    """Bytes moved by one averaging round: each worker sends what it trained (shared layers and its
-    blocks of this round) and receives its network for the next round; everything for local SGD."""
+  def traffic_model(self, params, round_index: int, bytes_per_param: float = 4.0) -> dict[str, float]:
+    """A model (a formula, not a measurement) of the bytes of one round as the paper's Table 1 counts
+    them: each worker sends what it trained (shared layers and its blocks of this round) and receives
+    its network for the next round; everything for local SGD. The measured figures: ``last_traffic``."""
     shared, blocks = self.parameter_counts(params)
     sizes = np.array([blocks[n] for n in self.partitioned], np.float64)
     now, nxt = self.membership(round_index), self.membership(round_index + 1)
     if not self.partitioned:
       now = nxt = np.zeros((self.spec.num_workers, 0), bool)
     per_param = bytes_per_param * (self.spec.quantize_bits / 32 if self.spec.quantize_bits else 1.0)
-    if self.spec.sparsify:
-      per_param *= self.spec.sparsify
+    if self.spec.sparsify:  # the kept values and their int32 indices
+      per_param = self.spec.sparsify * (per_param + 4)
     sent = [(shared + float(sizes @ now[w])) * per_param for w in range(self.spec.num_workers)]
     received = [(shared + float(sizes @ nxt[w])) * bytes_per_param for w in range(self.spec.num_workers)]
     return {'sent_per_worker': float(np.mean(sent)), 'received_per_worker': float(np.mean(received)),
             'total': float(np.sum(sent) + np.sum(received))}
 
-
-def _leaf(tree, path):
-  for key in path:
-    tree = tree[key.key] if isinstance(key, jax.tree_util.DictKey) else tree[key.idx]
-  return tree
