@@ -137,3 +137,15 @@ def test_loader_benchmark_reports_each_transform(tmp_path, capsys):
     assert r['images'] == 6 and r['images_per_sec'] == pytest.approx(6 / r['seconds'], rel=0.1)  # seconds rounded to ms
   assert len(os.listdir(tmp_path)) == 6  # --folder keeps the JPEGs for a rerun
   assert '| train | 1 |' in capsys.readouterr().out
+
+
+def test_resist_round_benchmark_sets_resist_beside_local_sgd(capsys):
+  records = load('resist_round').main(['--model=preact_tiny', '--batch=8', '--local_steps=2', '--workers=2',
+                                       '--rounds=1'])
+  resist, local = records
+  assert (resist['method'], local['method']) == ('resist', 'localsgd') and resist['devices'] == 2
+  assert local['sent_mb'] == 0 and resist['sent_mb'] > 0  # local SGD moves nothing but its all-reduce
+  assert resist['collective_mb'] < local['collective_mb'] and resist['moved_mb'] < local['moved_mb']
+  assert resist['stored_mb'] < local['stored_mb']
+  assert all(r['local_step_s'] > 0 and r['round_s'] > 0 for r in records)
+  assert '| 2 | localsgd |' in capsys.readouterr().out

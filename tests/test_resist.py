@@ -509,6 +509,14 @@ def test_test_time_scales_every_partitioned_residual_branch():
   np.testing.assert_allclose(block.apply(v, x, train=False), x + 0.25 * (full - x), atol=1e-5)
   deep, _ = build_method(replica_config('resist', **{'replica.min_depth': 3}))
   assert deep.engine.eval_model().chain.modules[model.block_names.index('s3b1')].residual_scale == 0.6
+  unscaled, _ = build_method(replica_config('resist', **{'replica.test_time_scale': False}))  # A.1's ablation
+  assert all(getattr(m, 'residual_scale', 1.0) == 1.0 for m in unscaled.engine.eval_model().chain.modules)
+
+
+def test_the_papers_deeper_resnet152_partitions_its_longer_third_section():
+  assert len(partitioned_blocks(build_model('preact152', 100))) == 35  # [3, 4, 36, 3]: all extra blocks partitioned
+  with pytest.raises(ValueError, match='preact152'):  # the CIFAR ResNet-152 (6n+2) is not it, and says so
+    partitioned_blocks(build_model('resnet152', 10))
 
 
 def test_communication_for_resnet101_against_the_papers_table():

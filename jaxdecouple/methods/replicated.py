@@ -71,7 +71,7 @@ class ReplicaMethod(Method):
     spec = ReplicaSpec(r.num_workers, r.local_steps, partition=self.partition, average=self.average,
                        redraw=self.redraw, min_depth=r.min_depth, momentum=r.momentum,
                        batch_norm=r.batch_norm, quantize_bits=r.quantize_bits, sparsify=r.sparsify,
-                       skip=r.skip)
+                       skip=r.skip, test_time_scale=r.test_time_scale)
     n = r.num_devices or len(setup.devices)
     if n > len(setup.devices):
       fail('replica.num_devices', f'{n} devices asked for but only {len(setup.devices)} present')

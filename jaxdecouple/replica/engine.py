@@ -54,6 +54,7 @@ class ReplicaSpec:
   quantize_bits: int = 0
   sparsify: float = 0.0
   skip: str = 'gather'          # how a worker's empty slots are skipped: gather (select) | cond
+  test_time_scale: bool = True  # scale the partitioned blocks' residual branches at test time
 
   @property
   def compresses(self) -> bool:
@@ -501,8 +502,9 @@ class Replica:
 
   # --- evaluation -------------------------------------------------------------------------------
   def eval_model(self) -> Model:
-    """The whole network with every partitioned block's residual branch scaled for test time."""
-    if not self.partitioned:
+    """The whole network with every partitioned block's residual branch scaled for test time (unless
+    ``test_time_scale`` is off: the paper's A.1 ablation)."""
+    if not self.partitioned or not self.spec.test_time_scale:
       return self.model
     scale = test_time_scale(len(self.partitioned), self.spec.num_workers, self.spec.min_depth)
     modules = tuple(m.clone(residual_scale=scale) if n in self.index else m

@@ -13,7 +13,6 @@ those of the arrays handed to ``jax.device_put`` between two different devices.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -92,9 +91,9 @@ def gather_mean(rows: jax.Array, index: jax.Array, count: jax.Array) -> jax.Arra
   return jnp.where(count[:, None] > 0, total / jnp.maximum(count, 1)[:, None].astype(rows.dtype), 0.0)
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _take(rows: jax.Array, index: tuple[int, ...]) -> jax.Array:
-  return rows[np.asarray(index)]
+@jax.jit
+def _take(rows: jax.Array, index: jax.Array) -> jax.Array:
+  return rows[index]
 
 
 def _nothing_here(shape, dtype, device):
@@ -120,7 +119,7 @@ def run(rows: jax.Array, route: Plan, devices, codec=None) -> tuple[jax.Array, n
     sent[s] += nbytes
     got[d] += nbytes
     if src in local:
-      piece = _take(local[src], index)
+      piece = _take(local[src], jax.device_put(np.asarray(index, np.int32), src))
       piece = encode(piece) if codec else piece
     else:
       piece = _nothing_here((len(index), width), dtype, src)

@@ -24,8 +24,10 @@ def partitioned_blocks(model: Model) -> tuple[str, ...]:
   names = tuple(n for n, (s, i) in model.sections.items()
                 if s == PARTITIONED_SECTION and i >= 1 and isinstance(modules[n], PreActBlock))
   if len(names) < 1:
+    hint = (f' ({model.name} is the CIFAR ResNet of depth 6n+2, post-activation; the ResIST paper\'s '
+            'ResNet-152 is preact152, a deeper third section is preact_s3_N)') if model.name.startswith('resnet') else ''
     raise ValueError(f'{model.name} has no non-strided pre-activation blocks in its third section to '
-                     'partition; use a pre-activation ResNet (preact101, preact_s3_N, preact_tiny)')
+                     f'partition; use a pre-activation ResNet (preact101, preact152, preact_s3_N, preact_tiny){hint}')
   return names
 
 

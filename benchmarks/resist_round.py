@@ -1,0 +1,166 @@
+"""One ResIST round against one local SGD round: seconds, bytes moved and bytes stored, side by side.
+
+  python benchmarks/resist_round.py --model=preact_s3_9 --batch=32 --local_steps=10 --workers=2,4 --cpu_devices=4
+  python benchmarks/resist_round.py --table1 --cpu_devices=8      # ResNet-101 bytes against the paper's Table 1
+
+A round is L local iterations and the repartition (the engine's own ``step``, as training runs it). For
+each S and method, after one untimed round (compilation): the median over --rounds of the local step's
+seconds, the repartition's seconds and the round's; the bytes each device sent and received across
+devices (partitioned blocks, counted from the arrays handed to ``jax.device_put``) and put into the shared
+layers' collective; and the bytes resident on each device (parameters, BatchNorm statistics, momentum:
+summed from the arrays' addressable shards). Workers sit one to a device (S <= --cpu_devices).
+
+--table1: no training; the pre-activation ResNet-101 of the paper (CIFAR-100 head) at S = 2, 4, 8, one
+repartition each, float32. "measured" is the bytes that crossed a device boundary, summed over devices,
+both ends counted as the paper does (each worker sends and receives): blocks sent plus received, and twice
+the shared layers' collective per device. "Table 1's count" is the paper's model (every worker sends all
+it trained and receives all its next sub-network, parameters only) computed from the shapes. Prints one
+JSON line per measurement, then a markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+TABLE1 = {2: (0.662, 0.454), 4: (1.325, 0.720), 8: (2.649, 1.289)}  # local SGD, ResIST, GB per round
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+  p.add_argument('--model', default='preact_s3_9', help='a pre-activation ResNet (preact_tiny, preact_s3_N, preact101)')
+  p.add_argument('--dataset', default='cifar10', help='shape of the synthetic data (cifar10, cifar100)')
+  p.add_argument('--batch', type=int, default=32, help='batch size per worker')
+  p.add_argument('--local_steps', type=int, default=10, help='L: local iterations per round')
+  p.add_argument('--workers', default='2,4', help='comma-separated S values')
+  p.add_argument('--rounds', type=int, default=3, help='timed rounds (after one untimed)')
+  p.add_argument('--cpu_devices', type=int, default=0, help='split the host CPU into N JAX devices')
+  p.add_argument('--table1', action='store_true', help='ResNet-101 bytes at S = 2, 4, 8 against Table 1')
+  p.add_argument('--json_out', default='', help='also append the JSON lines to this file')
+  return p.parse_args(argv)
+
+
+def emit(record, args):
+  print(json.dumps(record), flush=True)
+  if args.json_out:
+    with open(args.json_out, 'a', encoding='utf-8') as f:
+      f.write(json.dumps(record) + '\n')
+
+
+def build(method, model, dataset, batch, workers, local_steps):
+  from jaxdecouple.config import get_default_config
+  from jaxdecouple.data import TrainOrder, load_dataset
+  from jaxdecouple.methods import METHODS
+  from jaxdecouple.train import build_setup
+  import jax
+  c = get_default_config()
+  c.method, c.model, c.dataset, c.batch_size = method, model, dataset, batch
+  c.data.source, c.data.synthetic_train_size = 'synthetic', max(4 * batch, 256)
+  c.replica.num_workers, c.replica.local_steps, c.replica.num_devices = workers, local_steps, workers
+  ds = load_dataset(c.data, c.dataset)
+  m = METHODS[method](build_setup(c, ds))
+  order = TrainOrder(len(ds.x_train), batch, c.seed)
+  batch_of = lambda t: m.train_batch(ds.x_train, ds.y_train, order, t)
+  return m, m.init(jax.random.key(0), batch_of(0)), batch_of
+
+
+def rounds(args):
+  import jax
+  results = []
+  for workers in [int(s) for s in args.workers.split(',')]:
+    for method in ('resist', 'localsgd'):
+      m, state, batch_of = build(method, args.model, args.dataset, args.batch, workers, args.local_steps)
+      engine, L = m.engine, args.local_steps
+      batches = [batch_of(t) for t in range(L)]
+      local, repartition, total = [], [], []
+      for r in range(args.rounds + 1):
+        times = []
+        for t in range(L):
+          start = time.perf_counter()
+          state, _ = m.step(state, batches[t], r * L + t)
+          jax.block_until_ready(state)
+          times.append(time.perf_counter() - start)
+        if r:  # round 0 compiles
+          local.append(statistics.median(times[:-1]) if L > 1 else float('nan'))
+          repartition.append(times[-1] - local[-1])
+          total.append(sum(times))
+      traffic = engine.last_traffic
+      held = list(engine.resident_bytes(state).values())
+      record = {'model': args.model, 'batch': args.batch, 'workers': workers, 'method': method, 'local_steps': L,
+                'devices': len(engine.devices), 'local_step_s': round(statistics.median(local), 4),
+                'repartition_s': round(statistics.median(repartition), 4),
+                'round_s': round(statistics.median(total), 3),
+                'sent_mb': round(float(traffic.sent.mean()) / 1e6, 3),
+                'received_mb': round(float(traffic.received.mean()) / 1e6, 3),
+                'collective_mb': round(traffic.all_reduce / 1e6, 3),
+                'moved_mb': round((float(traffic.sent.mean()) + traffic.all_reduce) / 1e6, 3),
+                'stored_mb': round(statistics.mean(held) / 1e6, 3), 'rounds': args.rounds,
+                'device': str(jax.devices()[0].device_kind)}
+      results.append(record)
+      emit(record, args)
+  by = {(r['workers'], r['method']): r for r in results}
+  print(f'\n{args.model}, batch {args.batch} per worker, L = {args.local_steps}, one worker per device, '
+        f'on {jax.devices()[0].device_kind} (median of {args.rounds} rounds)\n')
+  print('| S | method | local step s | repartition s | round s | sent MB / device (blocks) | shared collective MB '
+        '| moved vs local SGD | stored MB / device | stored vs local SGD |')
+  print('|---|---|---|---|---|---|---|---|---|---|')
+  for r in results:
+    base = by[(r['workers'], 'localsgd')]
+    print(f"| {r['workers']} | {r['method']} | {r['local_step_s']:.3f} | {r['repartition_s']:.3f} | {r['round_s']:.2f} "
+          f"| {r['sent_mb']:.2f} | {r['collective_mb']:.2f} | {r['moved_mb'] / base['moved_mb']:.2f} "
+          f"| {r['stored_mb']:.1f} | {r['stored_mb'] / base['stored_mb']:.2f} |")
+  return results
+
+
+def table1(args):
+  import jax
+  import numpy as np
+  results = []
+  for workers in (2, 4, 8):
+    row = {}
+    for method in ('localsgd', 'resist'):
+      m, state, _ = build(method, 'preact101', 'cifar100', 8, workers, 50)
+      engine = m.engine
+      network = engine.network_shapes(state.params)
+      model = engine.traffic_model(network, 0)['total'] / 1e9
+      state = engine.aggregate(state, 0)
+      t = engine.last_traffic
+      measured = (float(t.sent.sum() + t.received.sum()) + 2 * len(engine.devices) * t.all_reduce) / 1e9
+      held = statistics.mean(engine.resident_bytes(state).values())
+      whole = sum(4 * int(np.prod(x.shape)) for x in jax.tree.leaves(network)) * 2  # parameters + momentum
+      whole += sum(4 * int(np.prod(x.shape)) for x in jax.tree.leaves(engine.network_shapes(state.batch_stats)))
+      row[method] = {'model': 'preact101', 'workers': workers, 'method': method, 'measured_gb': round(measured, 3),
+                     'table1_count_gb': round(model, 3), 'paper_gb': TABLE1[workers][method == 'resist'],
+                     'stored_mb_per_worker': round(held / 1e6, 1), 'stored_fraction': round(held / whole, 3),
+                     'device': str(jax.devices()[0].device_kind)}
+      emit(row[method], args)
+      results.append(row[method])
+      del m, state
+  print('\nPre-activation ResNet-101 (CIFAR-100), one repartition, float32, one worker per device\n')
+  print('| S | method | measured GB per round | Table 1\'s count GB | paper GB | stored per worker MB | of the whole model |')
+  print('|---|---|---|---|---|---|---|')
+  for r in results:
+    print(f"| {r['workers']} | {r['method']} | {r['measured_gb']:.3f} | {r['table1_count_gb']:.3f} | {r['paper_gb']:.3f} "
+          f"| {r['stored_mb_per_worker']:.1f} | {r['stored_fraction']:.2f} |")
+  return results
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  import jax
+  if args.cpu_devices:
+    jax.config.update('jax_num_cpu_devices', args.cpu_devices)
+  need = 8 if args.table1 else max(int(s) for s in args.workers.split(','))
+  if jax.device_count() < need:
+    raise SystemExit(f'resist_round.py: {need} devices needed (one per worker), {jax.device_count()} present; '
+                     f'pass --cpu_devices={need} on a CPU')
+  return table1(args) if args.table1 else rounds(args)
+
+
+if __name__ == '__main__':
+  main()
