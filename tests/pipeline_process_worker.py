@@ -6,7 +6,7 @@ their stages spread over the processes, saving each run's final model.
 PROCESS_ID -1 runs the same alone, in one process with DEVICES devices: the reference (XLA:CPU's numbers
 depend on how many devices a process splits the cores into, so the reference is a process too).
 
-RUN is NAME:METHOD:K:STEPS[:die=P@S] (die: process P kills itself right after its checkpoint at step S
+RUN is NAME:METHOD:K:STEPS[:die=P@S] (K: stages, or ResIST's workers) (die: process P kills itself right after its checkpoint at step S
 is written, as a crashed machine would). A NAME ending in _stream trains on streamed JPEGs (dataset
 imagenet) from the folder in $STREAM_FOLDER."""
 import os
@@ -31,6 +31,8 @@ def pipeline_config(method: str, k: int, steps: int, stream: bool = False):
   c.pipeline.beta = 1.0 if method == 'dgl' else 0.5
   if method == 'adl':
     c.pipeline.accumulation = 2
+  if method == 'resist':  # k workers, one per device, a round every 2 steps
+    c.model, c.replica.num_workers, c.replica.local_steps, c.optim.learning_rate = 'preact_tiny', k, 2, 0.005
   if stream:
     c.dataset, c.data.source, c.data.path = 'imagenet', 'folder', os.environ['STREAM_FOLDER']
     c.data.image_size, c.batch_size, c.eval_batch_size, c.data.workers = 16, 8, 8, 1

@@ -114,6 +114,30 @@ def test_a_killed_process_and_a_sigterm_resume_exactly(tmp_path):
   assert_same(tmp_path / 'end1_r.npz', tmp_path / 'ref_r.npz')
 
 
+def test_a_sigterm_to_one_resist_process_stops_both_at_one_step(tmp_path):
+  """ResIST, 2 workers on 2 processes (blocks travel between them every 2 steps): a SIGTERM to process 1
+  alone, whatever step it has reached, stops both at the same step with a checkpoint (neither is left
+  waiting in a transfer or an all-reduce); run again, they resume there and finish."""
+  steps, ckpt = 60, tmp_path / 'w' / 'rs' / 'checkpoints'
+  procs = start(tmp_path, 1, [f'rs:resist:2:{steps}'])
+  deadline = time.time() + 300
+  while not [f for f in glob.glob(str(ckpt / 'checksums' / '*.process_1.json'))
+             if int(os.path.basename(f).split('.')[0]) >= 6]:
+    assert time.time() < deadline and procs[1].poll() is None, finish(procs)[1]
+    time.sleep(0.05)
+  procs[1].send_signal(signal.SIGTERM)  # one process only
+  codes, logs = finish(procs)
+  assert codes == [0, 0], logs
+  stopped = [int(np.load(tmp_path / f'p{i}_rs.npz')['__step__']) for i in range(2)]
+  assert stopped[0] == stopped[1] < steps, stopped
+  for i in range(2):
+    assert os.path.exists(ckpt / 'checksums' / f'{stopped[0]}.process_{i}.json')
+  procs = start(tmp_path, 1, [f'rs:resist:2:{steps}'], tag='end')
+  codes, logs = finish(procs)
+  assert codes == [0, 0], logs
+  assert [int(np.load(tmp_path / f'end{i}_rs.npz')['__step__']) for i in range(2)] == [steps, steps]
+
+
 def test_a_layout_that_leaves_a_process_idle_stops_at_start_up(tmp_path):
   codes, logs = finish(start(tmp_path, 2, ['one:fdg:1:2']))  # K = 1: process 1 would hold no stage
   assert codes != [0, 0]
