@@ -370,6 +370,29 @@ def numpy_compress(x, bits, keep):
   return out.reshape(np.shape(x))
 
 
+def test_batch_statistics_average_only_every_period():
+  """replica.stats_every_steps = 2 rounds (the paper's ImageNet runs: 1300): after round 0 each worker keeps
+  its own shared-layer statistics (and none of them enters the all-reduce), after round 1 they are averaged;
+  parameters every round."""
+  config = replica_config('localsgd', **{'replica.stats_every_steps': 4})  # L = 2
+  method, ds = build_method(config)
+  engine = method.engine
+  state = method.init(jax.random.key(0), method.train_batch(ds.x_train, ds.y_train, TrainOrder(len(ds.x_train), 32, 0), 0))
+  rng = np.random.default_rng(3)
+  noisy = lambda tree: jax.tree.map(lambda x: (np.asarray(x) + rng.normal(size=x.shape)).astype(x.dtype), tree)
+  params, stats = noisy(jax.device_get(state.params)), noisy(jax.device_get(state.batch_stats))
+  state = state._replace(params=engine.put_workers(params), batch_stats=engine.put_workers(stats))
+  out = engine.aggregate(state, 0)
+  assert_trees_close(jax.device_get(out.batch_stats), stats, tol=0)  # kept, per worker
+  assert_trees_close(jax.device_get(out.params), jax.tree.map(lambda x: np.broadcast_to(x.mean(0), x.shape), params),
+                     tol=1e-6)
+  assert engine.last_traffic.all_reduce == engine.shared_bytes(state) - engine.stats_bytes(state)
+  out = engine.aggregate(out, 1)
+  assert_trees_close(jax.device_get(out.batch_stats), jax.tree.map(lambda x: np.broadcast_to(x.mean(0), x.shape), stats),
+                     tol=1e-6)
+  assert engine.last_traffic.all_reduce == engine.shared_bytes(state)
+
+
 @pytest.mark.parametrize('bits,keep', [(0, 0.25), (4, 0.0), (5, 0.25), (8, 0.5)])
 def test_compression_matches_numpy_and_its_size(bits, keep):
   from jaxdecouple.replica import wire
@@ -544,6 +567,7 @@ def test_communication_for_resnet101_against_the_papers_table():
     ({'replica.momentum': 'keep'}, 'replica.momentum'),
     ({'replica.skip': 'mask'}, 'replica.skip'),
     ({'replica.quantize_bits': 2}, 'replica.quantize_bits'),
+    ({'replica.stats_every_steps': 3}, 'replica.stats_every_steps'),  # not a multiple of L = 2
     ({'model': 'resnet8'}, 'model'),
 ])
 def test_bad_replica_settings_are_refused(overrides, field, workdir):

@@ -46,6 +46,9 @@ class ReplicaMethod(Method):
       fail('replica.sparsify', f'must be in [0, 1) (fraction kept; 0 = off), got {r.sparsify}')
     if r.skip not in ('gather', 'cond'):
       fail('replica.skip', f"{r.skip!r} is not allowed; choose gather (default, fast everywhere) or cond")
+    if r.stats_every_steps < 0 or (r.local_steps >= 1 and r.stats_every_steps % r.local_steps):
+      fail('replica.stats_every_steps', f'must be 0 (every round) or a multiple of replica.local_steps '
+           f'({r.local_steps}), got {r.stats_every_steps}')
     if r.min_depth < 0:
       fail('replica.min_depth', f'must be non-negative, got {r.min_depth}')
     if r.num_devices < 0:
@@ -71,7 +74,8 @@ class ReplicaMethod(Method):
     spec = ReplicaSpec(r.num_workers, r.local_steps, partition=self.partition, average=self.average,
                        redraw=self.redraw, min_depth=r.min_depth, momentum=r.momentum,
                        batch_norm=r.batch_norm, quantize_bits=r.quantize_bits, sparsify=r.sparsify,
-                       skip=r.skip, test_time_scale=r.test_time_scale)
+                       skip=r.skip, test_time_scale=r.test_time_scale,
+                       stats_every=max(1, r.stats_every_steps // r.local_steps))
     n = r.num_devices or len(setup.devices)
     if n > len(setup.devices):
       fail('replica.num_devices', f'{n} devices asked for but only {len(setup.devices)} present')

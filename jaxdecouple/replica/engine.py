@@ -55,6 +55,7 @@ class ReplicaSpec:
   sparsify: float = 0.0
   skip: str = 'gather'          # how a worker's empty slots are skipped: gather (select) | cond
   test_time_scale: bool = True  # scale the partitioned blocks' residual branches at test time
+  stats_every: int = 1          # rounds between averagings of the shared layers' BatchNorm statistics
 
   @property
   def compresses(self) -> bool:
@@ -348,15 +349,16 @@ class Replica:
       self._pack_rows = jax.jit(lambda st: f(st.params, st.batch_stats, st.opt_state))
     return self._pack_rows
 
-  def _finish(self, params, stats, opt_state, rows):
-    """Shared layers averaged over all workers; slots from the assembled rows; momentum restarted
-    unless averaged."""
+  def _finish(self, params, stats, opt_state, rows, sync_stats):
+    """Shared layers averaged over all workers (their BatchNorm statistics only where ``sync_stats``:
+    in between, each worker keeps its own); slots from the assembled rows; momentum restarted unless
+    averaged."""
     shared = lambda tree: jax.tree_util.tree_map_with_path(
         lambda path, x: x if _in_slots(path) else jnp.broadcast_to(
             (jax.lax.psum(jnp.sum(x.astype(jnp.float32), axis=0), AXIS) / self.spec.num_workers).astype(x.dtype),
             x.shape), tree)
     params = self._shared_compressed(params) if self.spec.compresses else shared(params)
-    stats = shared(stats)
+    stats = jax.tree.map(lambda avg, x: jnp.where(sync_stats, avg, x), shared(stats), stats)
     opt_state = shared(opt_state) if self.spec.momentum == 'average' else jax.tree.map(jnp.zeros_like, opt_state)
     if self.index:
       moving = self._moving(params, stats, opt_state)
@@ -403,11 +405,11 @@ class Replica:
   def finish(self):
     if not hasattr(self, '_finish_fn'):
       w = P(AXIS)
-      f = jax.shard_map(self._finish, mesh=self.mesh, in_specs=(w, w, w, w), out_specs=(w, w, w),
+      f = jax.shard_map(self._finish, mesh=self.mesh, in_specs=(w, w, w, w, P()), out_specs=(w, w, w),
                         check_vma=False)
 
-      def fin(state: ReplicaState, rows, next_membership):
-        p, st, o = f(state.params, state.batch_stats, state.opt_state, rows)
+      def fin(state: ReplicaState, rows, next_membership, sync_stats):
+        p, st, o = f(state.params, state.batch_stats, state.opt_state, rows, sync_stats)
         return ReplicaState(p, st, o, next_membership)
 
       self._finish_fn = jax.jit(fin, donate_argnums=0)
@@ -449,8 +451,16 @@ class Replica:
       rows = jnp.zeros((0,), jnp.float32)
       sent = received = np.zeros(devices, np.int64)
     reduce = self.shared_bytes(state) if devices > 1 else 0
+    sync = (round_index + 1) % self.spec.stats_every == 0
+    if not sync:  # the statistics stay out of this round's all-reduce
+      reduce -= self.stats_bytes(state) if devices > 1 else 0
     self.last_traffic = Traffic(sent, received, reduce)
-    return self.finish(state, rows if self.index else self._no_rows(), self.put_workers(nxt))
+    return self.finish(state, rows if self.index else self._no_rows(), self.put_workers(nxt), np.bool_(sync))
+
+  def stats_bytes(self, state: ReplicaState) -> int:
+    """Bytes of one worker's shared BatchNorm statistics (float32)."""
+    return sum(4 * int(np.prod(x.shape[1:])) for path, x in jax.tree_util.tree_flatten_with_path(state.batch_stats)[0]
+               if not _in_slots(path))
 
   def _no_rows(self):
     return self.put_workers(np.zeros((self.spec.num_workers, 0), np.float32))
