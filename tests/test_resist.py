@@ -184,6 +184,27 @@ def test_matches_the_sequential_reference(method, workdir, request):
       assert_trees_close(mine, stored_part(reference_replica(config, 5, redraw=False)[0], mine), tol=1e-3)
 
 
+def test_post_activation_resist_matches_the_sequential_reference(workdir):
+  """ResIST on a post-activation ResNet (the paper's A.1): the same definition, blocks relu(shortcut +
+  branch), the partitioned ones scaled by 1/S at test time."""
+  config = replica_config('resist', workers=2, model='postact_tiny')
+  result = train_and_evaluate(config, workdir)
+  reference = reference_replica(config, 5)
+  for w in range(2):
+    mine = worker_variables(result, w)
+    assert_trees_close(mine, stored_part(reference[w], mine), tol=1e-3)
+  model = result.method.engine.eval_model()
+  block = dict(zip(model.block_names, model.chain.modules))['s3b1']
+  assert block.residual_scale == 0.5
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 8, 8, 32)), jnp.float32)
+  v = block.init(jax.random.key(0), x, train=False)
+  full, half = block.clone(residual_scale=1.0).apply(v, x, train=False), block.apply(v, x, train=False)
+  np.testing.assert_allclose(block.clone(residual_scale=0.0).apply(v, x, train=False), jax.nn.relu(x), atol=1e-6)
+  both = (full > 0) & (half > 0)  # relu(x + y) and relu(x + y / 2): where both pass, half - x = (full - x) / 2
+  assert both.mean() > 0.2
+  np.testing.assert_allclose(np.where(both, half - x, 0), np.where(both, (full - x) / 2, 0), atol=1e-5)
+
+
 def test_ensemble_matches_its_reference_and_averages_predictions(workdir):
   config = replica_config('ensemble', workers=2)
   result = train_and_evaluate(config, workdir)

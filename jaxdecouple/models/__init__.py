@@ -2,7 +2,8 @@
 
 Names: ``resnet{6n+2}`` (CIFAR ResNet-20/32/44/56/110, and resnet8 for quick runs), ``resnet18``,
 ``wrn{6n+4}_{k}`` (wrn28_10), ``preact101`` (ResIST's [3, 4, 23, 3]), ``preact152`` (its A.4 ResNet-152:
-[3, 4, 36, 3]), ``preact_s3_{n}`` (its deeper or shallower variants [3, 4, n, 3]), ``imagenet_resnet{18,34,50,101,152}`` and ``imagenet_preact101`` (the
+[3, 4, 36, 3]), ``preact_s3_{n}`` (its deeper or shallower variants [3, 4, n, 3]), ``postact101`` and
+``postact_tiny`` (the same with post-activation blocks: ResIST's A.1), ``imagenet_resnet{18,34,50,101,152}`` and ``imagenet_preact101`` (the
 ImageNet forms: 7x7 stride-2 stem and max-pool; bottlenecks from 50 on), ``preact_tiny`` ([1, 1, 6, 1], 8..64 channels, for tests and CPU studies) and
 ``preact_tiny_s3_{n}`` ([1, 1, n, 1], 8..64 channels: n - 1 partitioned blocks for ResIST on a CPU).
 """
@@ -15,10 +16,10 @@ import jax.numpy as jnp
 
 from jaxdecouple.models.core import Chain, Model, count_params, merge, relayout, subset
 from jaxdecouple.models.resnet import (IMAGENET_DEPTHS, AuxHead, adaptive_avg_pool, cifar_resnet, imagenet_preact_resnet,
-                                      imagenet_resnet, preact_resnet, resnet18, wide_resnet)
+                                      imagenet_resnet, postact_resnet, preact_resnet, resnet18, wide_resnet)
 
 MODEL_HELP = ('resnet{6n+2} (e.g. resnet20, resnet56, resnet110), resnet18, wrn{6n+4}_{k} (e.g. wrn28_10), '
-              'preact101, preact152, preact_s3_{n}, preact_tiny, preact_tiny_s3_{n}; ImageNet form (7x7 stem, max-pool): '
+              'preact101, preact152, preact_s3_{n}, preact_tiny, postact101, postact_tiny, preact_tiny_s3_{n}; ImageNet form (7x7 stem, max-pool): '
               'imagenet_resnet{18,34,50,101,152}, imagenet_preact101')
 
 
@@ -67,6 +68,10 @@ def _build(name: str, num_classes: int) -> Model:
   if m := re.fullmatch(r'preact_s3_(\d+)', name):
     if int(m.group(1)) >= 2:
       return preact_resnet([3, 4, int(m.group(1)), 3], num_classes, name=name)
+  if name == 'postact101':  # ResIST's A.1: ResNet-101 with post-activation blocks
+    return postact_resnet([3, 4, 23, 3], num_classes, name=name)
+  if name == 'postact_tiny':
+    return postact_resnet([1, 1, 6, 1], num_classes, widths=(8, 16, 32, 64), name=name)
   if name == 'preact_tiny':
     return preact_resnet([1, 1, 6, 1], num_classes, widths=(8, 16, 32, 64), name=name)
   if m := re.fullmatch(r'preact_tiny_s3_(\d+)', name):

@@ -64,10 +64,13 @@ class ImageNetStem(nn.Module):
 
 class BasicBlock(nn.Module):
   """Post-activation basic block. ``shortcut='pad'`` is He et al.'s option A (CIFAR ResNets:
-  subsample and zero-pad channels, no parameters); ``'conv'`` is a 1x1 projection (ResNet-18)."""
+  subsample and zero-pad channels, no parameters); ``'conv'`` is a 1x1 projection (ResNet-18).
+  ``residual_scale`` multiplies the residual branch (ResIST's test-time scaling on post-activation
+  ResNets, relu(shortcut + scale * branch)); 1.0 is the plain block."""
   features: int
   stride: int = 1
   shortcut: str = 'conv'
+  residual_scale: float = 1.0
   bn_axis: str | None = None  # see batch_norm
   dtype: Any = jnp.float32     # compute type (bfloat16: mixed precision); parameters stay float32
 
@@ -85,7 +88,7 @@ class BasicBlock(nn.Module):
       else:
         x = Conv(self.features, (1, 1), self.stride, dtype=self.dtype)(x)
         x = batch_norm(train, self.bn_axis, dtype=self.dtype)(x)
-    return nn.relu(x + y)
+    return nn.relu(x + (y if self.residual_scale == 1.0 else self.residual_scale * y))
 
 
 class Bottleneck(nn.Module):
@@ -199,6 +202,14 @@ def preact_resnet(depths: Sequence[int], num_classes: int, widths=(64, 128, 256,
   chain, where = _chain(Stem(widths[0], norm=False), _sections(PreActBlock, depths, widths),
                         Head(num_classes, norm=True))
   return Model(name or 'preact_' + '_'.join(map(str, depths)), chain, num_classes, where)
+
+
+def postact_resnet(depths: Sequence[int], num_classes: int, widths=(64, 128, 256, 512),
+                   name: str | None = None) -> Model:
+  """The post-activation counterpart of ``preact_resnet`` (ResIST's A.1 ablation and the backbone of its
+  section 6.3): 3x3 stem with BatchNorm, post-activation basic blocks with projection shortcuts."""
+  chain, where = _chain(Stem(widths[0]), _sections(BasicBlock, depths, widths), Head(num_classes))
+  return Model(name or 'postact_' + '_'.join(map(str, depths)), chain, num_classes, where)
 
 
 IMAGENET_DEPTHS = {18: (BasicBlock, [2, 2, 2, 2]), 34: (BasicBlock, [3, 4, 6, 3]),

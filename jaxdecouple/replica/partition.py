@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxdecouple.models import Model
-from jaxdecouple.models.resnet import PreActBlock
+from jaxdecouple.models.resnet import BasicBlock, PreActBlock
 
 PARTITIONED_SECTION = 2  # the third section (0-based)
 
@@ -21,13 +21,15 @@ def partitioned_blocks(model: Model) -> tuple[str, ...]:
   Raises ValueError when the model is not a pre-activation ResNet with at least two such blocks.
   """
   modules = dict(zip(model.chain.names, model.chain.modules))
+  # post-activation blocks only in the models built for it (postact*): a CIFAR resnet152 is not ResIST's
+  kinds = (PreActBlock, BasicBlock) if model.name.startswith('postact') else (PreActBlock,)
   names = tuple(n for n, (s, i) in model.sections.items()
-                if s == PARTITIONED_SECTION and i >= 1 and isinstance(modules[n], PreActBlock))
+                if s == PARTITIONED_SECTION and i >= 1 and isinstance(modules[n], kinds))
   if len(names) < 1:
     hint = (f' ({model.name} is the CIFAR ResNet of depth 6n+2, post-activation; the ResIST paper\'s '
             'ResNet-152 is preact152, a deeper third section is preact_s3_N)') if model.name.startswith('resnet') else ''
     raise ValueError(f'{model.name} has no non-strided pre-activation blocks in its third section to '
-                     f'partition; use a pre-activation ResNet (preact101, preact152, preact_s3_N, preact_tiny){hint}')
+                     f'partition; use a pre-activation ResNet (preact101, preact152, preact_s3_N, preact_tiny) or postact101{hint}')
   return names
 
 
