@@ -160,13 +160,14 @@ class Checkpointer:
   _round = 0
 
   def restore_latest(self, template: Any) -> tuple[int, Any] | None:
-    """(step, state) from the newest checkpoint that restores, or None when there is none."""
-    leaves, treedef = jax.tree.flatten(template)
-    mine = self._mine(leaves)
-    abstract = {'leaves': [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=None if self.per_process else x.sharding)
-                           for x in mine]}
+    """(step, state) from the newest checkpoint that restores, or None when there is none. ``template``:
+    a state of the saved structure, or a function of the step giving one."""
     steps = self._common_steps(self.all_steps())
     for step in reversed(steps):
+      leaves, treedef = jax.tree.flatten(template(step) if callable(template) else template)
+      mine = self._mine(leaves)
+      abstract = {'leaves': [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=None if self.per_process else x.sharding)
+                             for x in mine]}
       self._check_matches(step, mine)
       try:
         if self.per_process:  # back onto the devices of the template's arrays; the others stay placeholders

@@ -95,6 +95,8 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.replica.quantize_bits = 0  # 4..8: what a worker sends is quantised to this many bits; 0: off
   c.replica.sparsify = 0.0     # (0, 1): a worker sends only this fraction of largest changes; 0: off
   c.replica.num_devices = 0    # 0: as many as divide num_workers; workers then share devices
+  c.replica.warmup_steps = 0   # resist: local SGD (partitioned branches scaled) for this many steps first, a
+                               # multiple of local_steps (the paper's section 2.6: a few epochs)
   c.replica.stats_every_steps = 0  # average the shared layers' BatchNorm statistics every this many steps (a
                                    # multiple of local_steps; 0: every round, the release; ImageNet: 1300 rounds)
   c.replica.test_time_scale = True  # resist: scale partitioned branches by 1/S at test time (False: A.1's ablation)

@@ -295,7 +295,7 @@ def _train_with(config, workdir: str, stop: _StopSignal, checkpointer: Checkpoin
                                                      for k, v in dataset.extra_tests.items()))
 
   state = method.init(jax.random.key(config.seed), method.train_batch(dataset.x_train, dataset.y_train, order, 0))
-  restored = checkpointer.restore_latest(state)
+  restored = checkpointer.restore_latest(lambda step: method.state_at(state, step))
   if jax.process_index() == 0:  # only now: a refused resume leaves the workdir as it was
     write_config(config, workdir)
   start = 0

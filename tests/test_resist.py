@@ -1,5 +1,7 @@
 """ResIST, local SGD and the ensemble against sequential references; partitions; aggregation."""
 import functools
+import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -59,12 +61,14 @@ def test_minimum_depth_pads_short_sub_networks():
 
 # --- a sequential reference -----------------------------------------------------------------------
 
-def reference_replica(config, steps, partition=True, average=True, redraw=True):
+def reference_replica(config, steps, partition=True, average=True, redraw=True, warmup=0):
   """S workers one after another. Worker w draws batch t from its own shuffle (stream w) and its own
   augmentation; its forward skips the partitioned blocks it does not own this round; SGD (weight
   decay 5e-4 added to the gradient, momentum 0.9) updates only the blocks it ran. Every L steps:
   each shared block averaged over all workers, each partitioned block over its owners, momentum
-  restarted, a new partition drawn (unless ``redraw`` is off). Returns each worker's variables."""
+  restarted, a new partition drawn (unless ``redraw`` is off). With a ``warmup`` of W steps, the first W
+  are local SGD (every worker runs every block, the partitioned ones' branches scaled by 1/S as at test
+  time). Returns each worker's variables."""
   r = config.replica
   S, L = r.num_workers, r.local_steps
   ds = load_dataset(config.data, config.dataset)
@@ -81,12 +85,15 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True):
   def owned(w, round_index):
     if not partition:
       return set()
+    if round_index * L < warmup:  # warm-up: every block on every worker
+      return set(blocks)
     m = draw_partition(len(blocks), S, config.seed, round_index if redraw else 0, r.min_depth)
     return {b for b, own in zip(blocks, m[w]) if own}
 
-  module_of = dict(zip(model.block_names, model.chain.modules))
+  modules = dict(zip(model.block_names, model.chain.modules))
+  scaled = {n: m.clone(residual_scale=1 / S) if n in blocks else m for n, m in modules.items()}
 
-  def grad_fn(run):
+  def grad_fn(run, module_of):
     """d loss / d params of the sub-network that runs the blocks in ``run``, one block after another."""
     def loss(p, stats, x, labels):
       h, new = x, dict(stats)
@@ -106,7 +113,8 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True):
       run = tuple(n for n in model.block_names if n not in blocks or n in mine)
       idx = orders[w].indices(t)
       x = train_inputs(jnp.asarray(ds.x_train[idx]), t, config.seed, pre, stream=jnp.int32(w))
-      grads, stats[w] = grad_fn(run)(params[w], stats[w], x, jnp.asarray(ds.y_train[idx]))
+      grads, stats[w] = grad_fn(run, scaled if t < warmup else modules)(params[w], stats[w], x,
+                                                                        jnp.asarray(ds.y_train[idx]))
       for n in run:
         params[w][n], momentum[w][n] = sgd_step(params[w][n], momentum[w][n], grads[n], lr)
     if average and (t + 1) % L == 0:
@@ -182,6 +190,32 @@ def test_matches_the_sequential_reference(method, workdir, request):
     mine = worker_variables(result, 0)
     with pytest.raises(AssertionError):
       assert_trees_close(mine, stored_part(reference_replica(config, 5, redraw=False)[0], mine), tol=1e-3)
+
+
+def test_a_local_sgd_warm_up_then_resist_matches_the_reference(workdir):
+  """replica.warmup_steps = 2 (one round of local SGD, partitioned branches scaled by 1/S), then ResIST:
+  each worker then stores only its blocks; and a run stopped after the switch of layouts restores its
+  checkpoint in ResIST's layout and ends with the same numbers."""
+  config = replica_config('resist', workers=2, steps=5, **{'replica.warmup_steps': 2})
+  result = train_and_evaluate(config, workdir)
+  reference = reference_replica(config, 5, warmup=2)
+  for w in range(2):
+    mine = worker_variables(result, w)
+    assert_trees_close(mine, stored_part(reference[w], mine), tol=1e-3)
+  assert SLOTS in result.state.params
+  config.checkpoint_every_steps, config.keep_checkpoints = 1, 10
+  other = workdir + '_resumed'
+  train_and_evaluate(config, other)
+  folder = os.path.join(other, 'checkpoints')
+  for last in (3,):  # as if stopped after the switch of layouts (a checkpoint inside the warm-up restores as any)
+    for name in os.listdir(folder) + [f'checksums/{n}' for n in os.listdir(os.path.join(folder, 'checksums'))]:
+      if name.split('/')[-1].split('.')[0].isdigit() and int(name.split('/')[-1].split('.')[0]) > last:
+        shutil.rmtree(os.path.join(folder, name)) if os.path.isdir(os.path.join(folder, name)) else \
+            os.remove(os.path.join(folder, name))
+    resumed = train_and_evaluate(config, other)
+    assert resumed.step == 5 and not [f for f in os.listdir(folder) if 'damaged' in f]  # restored, not restarted
+    assert_trees_close((resumed.state.params, resumed.state.batch_stats),
+                       (result.state.params, result.state.batch_stats), tol=1e-6)
 
 
 def test_post_activation_resist_matches_the_sequential_reference(workdir):
@@ -589,6 +623,8 @@ def test_communication_for_resnet101_against_the_papers_table():
     ({'replica.skip': 'mask'}, 'replica.skip'),
     ({'replica.quantize_bits': 2}, 'replica.quantize_bits'),
     ({'replica.stats_every_steps': 3}, 'replica.stats_every_steps'),  # not a multiple of L = 2
+    ({'replica.warmup_steps': 3}, 'replica.warmup_steps'),  # not a multiple of L = 2
+    ({'replica.warmup_steps': 6}, 'replica.warmup_steps'),  # longer than the 5-step run
     ({'model': 'resnet8'}, 'model'),
 ])
 def test_bad_replica_settings_are_refused(overrides, field, workdir):

@@ -33,6 +33,12 @@ class Method(abc.ABC):
   def init(self, rng: jax.Array, example: Batch) -> Any:
     """The initial state, placed on its devices."""
 
+  def state_at(self, initial: Any, step: int) -> Any:
+    """A state shaped as this method's state at ``step`` (what a checkpoint of that step restores into);
+    ``initial`` is the state ``init`` gave. The same for every step unless a method changes layout
+    (ResIST after a local SGD warm-up)."""
+    return initial
+
   @abc.abstractmethod
   def step(self, state: Any, batch: Batch, step: int) -> tuple[Any, dict[str, jax.Array]]:
     """One training iteration. Metrics are device scalars (read back only every few steps)."""

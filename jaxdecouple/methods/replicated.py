@@ -10,6 +10,8 @@ ensemble  the paper's A.2 baseline: S sub-ResNets from one partition, trained wi
 """
 from __future__ import annotations
 
+import dataclasses
+
 from absl import logging
 import jax
 import jax.numpy as jnp
@@ -19,7 +21,7 @@ from jaxdecouple.config import fail
 from jaxdecouple.data import Batch
 from jaxdecouple.methods.base import Method, Setup
 from jaxdecouple.models import build_model
-from jaxdecouple.replica import Replica, ReplicaSpec, ReplicaState, partitioned_blocks, slot_apply
+from jaxdecouple.replica import SLOTS, Replica, ReplicaSpec, ReplicaState, partitioned_blocks, slot_apply
 
 
 class ReplicaMethod(Method):
@@ -46,6 +48,14 @@ class ReplicaMethod(Method):
       fail('replica.sparsify', f'must be in [0, 1) (fraction kept; 0 = off), got {r.sparsify}')
     if r.skip not in ('gather', 'cond'):
       fail('replica.skip', f"{r.skip!r} is not allowed; choose gather (default, fast everywhere) or cond")
+    if r.warmup_steps and (not cls.partition or not cls.average):
+      fail('replica.warmup_steps', f'is a local SGD warm-up before ResIST; {config.method} has none (leave it at 0)')
+    if r.warmup_steps < 0 or (r.local_steps >= 1 and r.warmup_steps % r.local_steps):
+      fail('replica.warmup_steps', f'must be 0 (none) or a multiple of replica.local_steps ({r.local_steps}), '
+           f'got {r.warmup_steps}')
+    if r.warmup_steps and config.max_steps and r.warmup_steps >= config.max_steps:
+      fail('replica.warmup_steps', f'{r.warmup_steps} is not shorter than the run (max_steps {config.max_steps}): '
+           'ResIST would never start')
     if r.stats_every_steps < 0 or (r.local_steps >= 1 and r.stats_every_steps % r.local_steps):
       fail('replica.stats_every_steps', f'must be 0 (every round) or a multiple of replica.local_steps '
            f'({r.local_steps}), got {r.stats_every_steps}')
@@ -81,14 +91,44 @@ class ReplicaMethod(Method):
       fail('replica.num_devices', f'{n} devices asked for but only {len(setup.devices)} present')
     self.engine = Replica(setup, spec, setup.devices[:n])
     self.eval_uses_batch_statistics = r.batch_norm == 'batch'
+    self.warmup = r.warmup_steps if self.partition and self.average else 0
+    if self.warmup:  # local SGD on the network ResIST evaluates: partitioned branches scaled, as the paper does
+      warm = dataclasses.replace(setup, model=self.engine.eval_model())
+      self.warm = Replica(warm, dataclasses.replace(spec, partition=False), setup.devices[:n])
 
   def train_batch(self, x, y, order, step: int) -> Batch:
     return self.engine.train_batch(x, y, step)
 
   def init(self, rng: jax.Array, example: Batch) -> ReplicaState:
-    return self.engine.init(rng, example)
+    self._example = (rng, example)
+    return (self.warm if self.warmup else self.engine).init(rng, example)
+
+  def state_at(self, initial: ReplicaState, step: int) -> ReplicaState:
+    if self.warmup and step >= self.warmup:  # past the warm-up: ResIST's layout
+      return self.engine.init(*self._example)
+    return initial
+
+  def _after_warmup(self, state: ReplicaState) -> ReplicaState:
+    """The warm-up's last step averaged every worker's network: each device hands its copy to ResIST's
+    layout, every worker keeping only its blocks of the next round; momentum restarts (or carries over,
+    averaged, with ``momentum='average'``)."""
+    e = self.engine
+    first = lambda x: np.asarray(x.addressable_shards[0].data[0])  # every worker holds the same now
+    network = lambda tree: jax.tree.map(first, tree)
+    member = e.membership(self.warmup // e.spec.local_steps)
+    params, stats = e.to_workers(network(state.params), member), e.to_workers(network(state.batch_stats), member)
+    opt = jax.tree.map(np.zeros_like, jax.device_get(self.setup.optimizer.init(params)))
+    if e.spec.momentum == 'average':
+      opt = (opt[0], opt[1]._replace(trace=e.to_workers(network(state.opt_state[1].trace), member)))
+    return ReplicaState(e.put_workers(params), e.put_workers(stats), e.put_workers(opt), e.put_workers(member))
 
   def step(self, state: ReplicaState, batch: Batch, step: int):
+    if step < self.warmup:
+      state, metrics = self.warm.step(state, batch, step)
+      if step + 1 == self.warmup:
+        state = self._after_warmup(state)
+        logging.info('local SGD warm-up done at step %d: ResIST from here on', step + 1)
+      return state, metrics
     state, metrics = self.engine.step(state, batch, step)
     if 'sent_mb' in metrics and not getattr(self, '_told', False):
       self._told = True
@@ -98,7 +138,8 @@ class ReplicaMethod(Method):
     return state, metrics
 
   def eval_variables(self, state: ReplicaState) -> dict:
-    params, stats = self.engine.averaged(state)  # replicated over the mesh: this process's copy
+    engine = self.engine if not self.warmup or SLOTS in state.params else self.warm
+    params, stats = engine.averaged(state)  # replicated over the mesh: this process's copy
     return jax.tree.map(lambda x: x.addressable_data(0), {'params': params, 'batch_stats': stats})
 
   def predict_fn(self):
@@ -112,11 +153,14 @@ class ReplicaMethod(Method):
     lines = [f'{s.num_workers} workers on {e.mesh.devices.size} devices ({e.per_device} per device), '
              f'{s.local_steps} local iterations per round, batch {self.setup.config.batch_size} per worker, '
              f'momentum {s.momentum}, BatchNorm {s.batch_norm} statistics']
+    if self.warmup:
+      lines.append(f'  local SGD warm-up for the first {self.warmup} steps (partitioned branches scaled as at test '
+                   'time), then ResIST')
     if e.partitioned:
       line = (f'  partitioned: {len(e.partitioned)} blocks ({e.partitioned[0]}..{e.partitioned[-1]}, '
               f'{sum(blocks.values()) / 1e6:.2f}M params); shared: {shared / 1e6:.2f}M params; '
               f'each worker holds the shared layers and {e.slots} block slots')
-      if state.membership.is_fully_addressable:
+      if isinstance(state.membership, jax.Array) and state.membership.is_fully_addressable:
         sizes = np.asarray(jax.device_get(state.membership)).sum(axis=1)
         line += f'; blocks per worker this round: {", ".join(map(str, sizes))}'
       lines.append(line)

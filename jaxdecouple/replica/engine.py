@@ -221,7 +221,7 @@ class Replica:
     """One whole network's parameters as shapes (block name -> subtree), from the workers' layout."""
     shape = lambda lead: lambda x: jax.ShapeDtypeStruct(x.shape[lead:], x.dtype)
     out = {n: jax.tree.map(shape(1), v) for n, v in params.items() if n != SLOTS}
-    for n in self.partitioned:
+    for n in self.partitioned if SLOTS in params else ():
       out[n] = jax.tree.map(shape(2), params[SLOTS])
     return out
 
