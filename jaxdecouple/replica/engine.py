@@ -149,6 +149,11 @@ def _in_slots(path) -> bool:
   return any(isinstance(k, jax.tree_util.DictKey) and k.key == SLOTS for k in path)
 
 
+def _shared_sizes(tree) -> list[int]:
+  """Values per worker of each shared (not slot) leaf of a workers' layout tree."""
+  return [int(np.prod(x.shape[1:])) for path, x in jax.tree_util.tree_flatten_with_path(tree)[0] if not _in_slots(path)]
+
+
 class Replica:
   """Builds the workers' state and runs local iterations and averaging rounds."""
 
@@ -349,14 +354,24 @@ class Replica:
       self._pack_rows = jax.jit(lambda st: f(st.params, st.batch_stats, st.opt_state))
     return self._pack_rows
 
+  def _mean(self, x):
+    """A (workers here, ...) leaf averaged over all workers: summed here, then all-reduced."""
+    return (jax.lax.psum(jnp.sum(x.astype(jnp.float32), axis=0), AXIS) / self.spec.num_workers).astype(x.dtype)
+
+  def _split_rows(self, rows, leaves):
+    """The columns of ``rows`` that hold each slot leaf of ``leaves`` (the order ``_pack`` wrote them)."""
+    start = 0
+    for x in leaves:
+      size = int(np.prod(x.shape[2:]))
+      yield x, rows[:, start:start + size]
+      start += size
+
   def _finish(self, params, stats, opt_state, rows, sync_stats):
     """Shared layers averaged over all workers (their BatchNorm statistics only where ``sync_stats``:
     in between, each worker keeps its own); slots from the assembled rows; momentum restarted unless
     averaged."""
     shared = lambda tree: jax.tree_util.tree_map_with_path(
-        lambda path, x: x if _in_slots(path) else jnp.broadcast_to(
-            (jax.lax.psum(jnp.sum(x.astype(jnp.float32), axis=0), AXIS) / self.spec.num_workers).astype(x.dtype),
-            x.shape), tree)
+        lambda path, x: x if _in_slots(path) else jnp.broadcast_to(self._mean(x), x.shape), tree)
     params = self._shared_compressed(params) if self.spec.compresses else shared(params)
     stats = jax.tree.map(lambda avg, x: jnp.where(sync_stats, avg, x), shared(stats), stats)
     opt_state = shared(opt_state) if self.spec.momentum == 'average' else jax.tree.map(jnp.zeros_like, opt_state)
@@ -391,15 +406,9 @@ class Replica:
   def _unpack_into(self, rows, tree):
     """Rows (workers here * slots, R) -> ``tree`` with its slot leaves (workers here, slots, ...) replaced."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    out, start = [], 0
-    for path, x in flat:
-      if _in_slots(path):
-        size = int(np.prod(x.shape[2:]))
-        out.append(rows[:, start:start + size].reshape(x.shape).astype(x.dtype))
-        start += size
-      else:
-        out.append(x)
-    return jax.tree_util.tree_unflatten(treedef, out)
+    moved = iter(cols.reshape(x.shape).astype(x.dtype)
+                 for x, cols in self._split_rows(rows, [x for path, x in flat if _in_slots(path)]))
+    return jax.tree_util.tree_unflatten(treedef, [next(moved) if _in_slots(path) else x for path, x in flat])
 
   @property
   def finish(self):
@@ -420,10 +429,8 @@ class Replica:
     momentum when averaged) summed over its workers into the all-reduce, and the parameters likewise,
     or, compressed, each of its workers' encoded parameters into the all-gather."""
     s = self.spec
-    sizes = lambda tree: [int(np.prod(x.shape[1:])) for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
-                          if not _in_slots(path)]
-    rest = sum(sizes((state.batch_stats, state.opt_state if s.momentum == 'average' else ())))
-    params = sizes(state.params)
+    rest = sum(_shared_sizes((state.batch_stats, state.opt_state if s.momentum == 'average' else ())))
+    params = _shared_sizes(state.params)
     if s.compresses:
       return 4 * rest + self.per_device * sum(wire.encoded_size(n, s.quantize_bits, s.sparsify) for n in params)
     return 4 * (rest + sum(params))
@@ -459,8 +466,7 @@ class Replica:
 
   def stats_bytes(self, state: ReplicaState) -> int:
     """Bytes of one worker's shared BatchNorm statistics (float32)."""
-    return sum(4 * int(np.prod(x.shape[1:])) for path, x in jax.tree_util.tree_flatten_with_path(state.batch_stats)[0]
-               if not _in_slots(path))
+    return 4 * sum(_shared_sizes(state.batch_stats))
 
   def _no_rows(self):
     return self.put_workers(np.zeros((self.spec.num_workers, 0), np.float32))
@@ -477,9 +483,7 @@ class Replica:
     return self._averaged
 
   def _whole(self, params, stats, member):
-    mean = lambda tree: {n: jax.tree.map(lambda x: (jax.lax.psum(jnp.sum(x.astype(jnp.float32), axis=0), AXIS)
-                                                    / self.spec.num_workers).astype(x.dtype), v)
-                         for n, v in tree.items() if n != SLOTS}
+    mean = lambda tree: {n: jax.tree.map(self._mean, v) for n, v in tree.items() if n != SLOTS}
     out_params, out_stats = mean(params), mean(stats)
     if self.index:
       rows = jax.lax.all_gather(self._pack((params, stats)), AXIS, tiled=True)  # (S * slots, R)
@@ -491,12 +495,8 @@ class Replica:
       blocks = total / jnp.maximum(jnp.sum(member, axis=0), 1)[:, None].astype(jnp.float32)
       template = (params[SLOTS], stats.get(SLOTS, {}))
       flat, treedef = jax.tree_util.tree_flatten(template)
-      leaves, start = [], 0
-      for x in flat:
-        size = int(np.prod(x.shape[2:]))
-        leaves.append(blocks[:, start:start + size].reshape(-1, *x.shape[2:]).astype(x.dtype))
-        start += size
-      p, s = jax.tree_util.tree_unflatten(treedef, leaves)
+      p, s = jax.tree_util.tree_unflatten(treedef, [cols.reshape(-1, *x.shape[2:]).astype(x.dtype)
+                                                    for x, cols in self._split_rows(blocks, flat)])
       for b, name in enumerate(self.partitioned):
         out_params[name] = jax.tree.map(lambda x: x[b], p)
         if s:
