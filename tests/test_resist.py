@@ -164,6 +164,19 @@ def build_method(config):
   return METHODS[config.method](build_setup(config, ds)), ds
 
 
+def initial_state(config):
+  """(method, its initial state) of ``config``, without training."""
+  method, ds = build_method(config)
+  return method, method.init(jax.random.key(0), method.train_batch(ds.x_train, ds.y_train,
+                                                                   TrainOrder(len(ds.x_train), 32, 0), 0))
+
+
+def noisy(tree, seed):
+  """``tree`` (device arrays) on the host plus standard normal noise."""
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda x: (np.asarray(x) + rng.normal(size=x.shape)).astype(x.dtype), jax.device_get(tree))
+
+
 def test_the_shared_run_is_this_files_config(resist_run):
   assert resist_run.method.setup.config == replica_config('resist')
 
@@ -375,14 +388,9 @@ def test_aggregation_matches_numpy(momentum):
   layers averaged over all workers and each of its next blocks averaged over the block's owners of
   the round (their slots); momentum likewise, or zero; leftover slots zero."""
   config = replica_config('resist', **{'replica.momentum': momentum, 'replica.min_depth': 2})
-  method, ds = build_method(config)
+  method, state = initial_state(config)
   engine = method.engine
-  state = method.init(jax.random.key(0), method.train_batch(ds.x_train, ds.y_train,
-                                                            TrainOrder(len(ds.x_train), 32, 0), 0))
-  rng = np.random.default_rng(1)
-  noisy = lambda tree: jax.tree.map(lambda x: (np.asarray(x) + rng.normal(size=x.shape)).astype(x.dtype), tree)
-  params, stats, opt = noisy(jax.device_get(state.params)), noisy(jax.device_get(state.batch_stats)), \
-      noisy(jax.device_get(state.opt_state))
+  params, stats, opt = noisy(state.params, 1), noisy(state.batch_stats, 2), noisy(state.opt_state, 3)
   member = np.asarray(state.membership)
   assert (member.sum(axis=0) > 1).any()  # min depth 2 with 5 blocks and 4 workers: shared blocks
   state = state._replace(params=engine.put_workers(params), batch_stats=engine.put_workers(stats),
@@ -430,12 +438,9 @@ def test_batch_statistics_average_only_every_period():
   its own shared-layer statistics (and none of them enters the all-reduce), after round 1 they are averaged;
   parameters every round."""
   config = replica_config('localsgd', **{'replica.stats_every_steps': 4})  # L = 2
-  method, ds = build_method(config)
+  method, state = initial_state(config)
   engine = method.engine
-  state = method.init(jax.random.key(0), method.train_batch(ds.x_train, ds.y_train, TrainOrder(len(ds.x_train), 32, 0), 0))
-  rng = np.random.default_rng(3)
-  noisy = lambda tree: jax.tree.map(lambda x: (np.asarray(x) + rng.normal(size=x.shape)).astype(x.dtype), tree)
-  params, stats = noisy(jax.device_get(state.params)), noisy(jax.device_get(state.batch_stats))
+  params, stats = noisy(state.params, 3), noisy(state.batch_stats, 4)
   state = state._replace(params=engine.put_workers(params), batch_stats=engine.put_workers(stats))
   out = engine.aggregate(state, 0)
   assert_trees_close(jax.device_get(out.batch_stats), stats, tol=0)  # kept, per worker
@@ -467,14 +472,10 @@ def test_compressed_repartition_sends_encoded_parameters(method):
   (statistics as they are); a block that changes worker arrives compressed (its statistics not), one
   that stays is untouched. The bytes that cross are the encoded rows', fewer than float32 ones."""
   config = replica_config(method, **{'replica.quantize_bits': 4, 'replica.sparsify': 0.5})
-  method_, ds = build_method(config)
+  method_, state = initial_state(config)
   engine = method_.engine
-  state = method_.init(jax.random.key(0), method_.train_batch(ds.x_train, ds.y_train,
-                                                              TrainOrder(len(ds.x_train), 32, 0), 0))
-  rng = np.random.default_rng(2)
-  noisy = lambda tree: jax.tree.map(lambda x: (np.asarray(x) + rng.normal(size=x.shape)).astype(x.dtype), tree)
   member = np.asarray(state.membership) if engine.partitioned else None
-  params, stats = noisy(jax.device_get(state.params)), noisy(jax.device_get(state.batch_stats))
+  params, stats = noisy(state.params, 2), noisy(state.batch_stats, 5)
   if engine.partitioned:  # leftover slots stay zero
     empty = np.arange(engine.slots)[None, :] >= member.sum(1)[:, None]
     params[SLOTS] = jax.tree.map(lambda x: np.where(empty.reshape(*empty.shape, *[1] * (x.ndim - 2)), 0, x), params[SLOTS])
@@ -551,9 +552,8 @@ def test_a_resist_round_moves_its_share_of_local_sgds_bytes():
   layer; ResIST all-reduces the shared layers and sends each block that changes device once."""
   engines, states, traffic = {}, {}, {}
   for method in ('resist', 'localsgd'):
-    m, ds = build_method(replica_config(method))
+    m, states[method] = initial_state(replica_config(method))
     engines[method] = m.engine
-    states[method] = m.init(jax.random.key(0), m.train_batch(ds.x_train, ds.y_train, TrainOrder(len(ds.x_train), 32, 0), 0))
     m.engine.aggregate(states[method], 0)
     traffic[method] = m.engine.last_traffic
   e = engines['resist']
