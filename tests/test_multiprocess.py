@@ -13,9 +13,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def free_port() -> int:
+  """A coordinator port P with P + 1 and P + 2 free too: the processes' transfer ports (2 processes)."""
+  for _ in range(100):
+    with socket.socket() as s:
+      s.bind(('127.0.0.1', 0))
+      port = s.getsockname()[1]
+    if port + 2 < 65536 and all(_free(port + k) for k in (1, 2)):
+      return port
+  raise RuntimeError('no three consecutive free ports on 127.0.0.1')
+
+
+def _free(port: int) -> bool:
   with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
+    try:
+      s.bind(('127.0.0.1', port))
+    except OSError:
+      return False
+  return True
 
 
 def test_two_processes_match_one_process_with_four_devices(tmp_path, resist_run):
