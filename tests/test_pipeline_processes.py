@@ -36,6 +36,22 @@ def finish(procs, timeout=300):
   return [p.returncode for p in procs], '\n'.join(log[-4000:] for log in logs)
 
 
+def sigterm_process_1_once(procs, pattern: str, at_least: int, run: str, tmp_path, steps: int) -> int:
+  """Waits until process 1 has written a checkpoint file matching ``pattern`` (its name starting with the
+  step) for a step of at least ``at_least``, sends SIGTERM to process 1 alone, and returns the step both
+  processes stopped at (checked to be one step, before the end)."""
+  deadline = time.time() + 300
+  while not [f for f in glob.glob(pattern) if int(os.path.basename(f).split('.')[0]) >= at_least]:
+    assert time.time() < deadline and procs[1].poll() is None, finish(procs)[1]
+    time.sleep(0.05)
+  procs[1].send_signal(signal.SIGTERM)  # one process only
+  codes, logs = finish(procs)
+  assert codes == [0, 0], logs
+  stopped = [int(np.load(tmp_path / f'p{i}_{run}.npz')['__step__']) for i in range(2)]
+  assert stopped[0] == stopped[1] < steps, stopped  # the same step in both
+  return stopped[0]
+
+
 def one_process(tmp_path, devices: int, runs: list[str]):
   """The same runs alone in one process with ``devices`` CPU devices (files ref_NAME.npz). A process,
   not this one: XLA:CPU's numbers depend on how many devices a process splits the cores into (this
@@ -94,17 +110,9 @@ def test_a_killed_process_and_a_sigterm_resume_exactly(tmp_path):
   assert '4.npz' in os.listdir(ckpt / 'process_1')
 
   procs = start(tmp_path, 1, [f'r:fdg:2:{steps}'])  # resumes at step 4 (the newest both processes have)
-  deadline = time.time() + 300
-  while not [f for f in glob.glob(str(ckpt / 'process_1' / '*.npz')) if int(os.path.basename(f)[:-4]) >= 10]:
-    assert time.time() < deadline and procs[1].poll() is None, finish(procs)[1]
-    time.sleep(0.05)
-  procs[1].send_signal(signal.SIGTERM)  # one process only
-  codes, logs = finish(procs)
-  assert codes == [0, 0], logs
-  stopped = [int(np.load(tmp_path / f'p{i}_r.npz')['__step__']) for i in range(2)]
-  assert stopped[0] == stopped[1] < steps, stopped  # the same step in both
+  stopped = sigterm_process_1_once(procs, str(ckpt / 'process_1' / '*.npz'), 10, 'r', tmp_path, steps)
   for i in range(2):
-    assert f'{stopped[0]}.npz' in os.listdir(ckpt / f'process_{i}')
+    assert f'{stopped}.npz' in os.listdir(ckpt / f'process_{i}')
 
   procs = start(tmp_path, 1, [f'r:fdg:2:{steps}'], tag='end')
   one_process(tmp_path, 2, [f'r:fdg:2:{steps}'])
@@ -121,18 +129,9 @@ def test_a_sigterm_to_one_resist_process_stops_both_at_one_step(tmp_path):
   checkpoints: tests/test_multiprocess.py.)"""
   steps, ckpt = 60, tmp_path / 'w' / 'rs' / 'checkpoints'
   procs = start(tmp_path, 1, [f'rs:resist:2:{steps}'])
-  deadline = time.time() + 300
-  while not [f for f in glob.glob(str(ckpt / 'checksums' / '*.process_1.json'))
-             if int(os.path.basename(f).split('.')[0]) >= 6]:
-    assert time.time() < deadline and procs[1].poll() is None, finish(procs)[1]
-    time.sleep(0.05)
-  procs[1].send_signal(signal.SIGTERM)  # one process only
-  codes, logs = finish(procs)
-  assert codes == [0, 0], logs
-  stopped = [int(np.load(tmp_path / f'p{i}_rs.npz')['__step__']) for i in range(2)]
-  assert stopped[0] == stopped[1] < steps, stopped
+  stopped = sigterm_process_1_once(procs, str(ckpt / 'checksums' / '*.process_1.json'), 6, 'rs', tmp_path, steps)
   for i in range(2):
-    assert os.path.exists(ckpt / 'checksums' / f'{stopped[0]}.process_{i}.json')
+    assert os.path.exists(ckpt / 'checksums' / f'{stopped}.process_{i}.json')
 
 
 def test_a_layout_that_leaves_a_process_idle_stops_at_start_up(tmp_path):
