@@ -588,10 +588,34 @@ def test_test_time_scales_every_partitioned_residual_branch():
   assert all(getattr(m, 'residual_scale', 1.0) == 1.0 for m in unscaled.engine.eval_model().chain.modules)
 
 
-def test_the_papers_deeper_resnet152_partitions_its_longer_third_section():
-  assert len(partitioned_blocks(build_model('preact152', 100))) == 35  # [3, 4, 36, 3]: all extra blocks partitioned
-  with pytest.raises(ValueError, match='preact152'):  # the CIFAR ResNet-152 (6n+2) is not it, and says so
-    partitioned_blocks(build_model('resnet152', 10))
+def test_the_papers_deeper_resnets_partition_their_longer_third_sections():
+  for name, depth, blocks in (('preact101', 101, 23), ('preact152', 152, 40), ('preact200', 200, 56)):
+    model = build_model(name, 100)
+    assert 3 * len(model.sections) + 2 == depth  # the paper counts depth as ResNet-101's name does
+    assert sum(s == 2 for s, _ in model.sections.values()) == blocks
+    assert len(partitioned_blocks(model)) == blocks - 1  # every extra block is partitioned (A.4)
+  for cifar in ('resnet152', 'resnet200'):  # the CIFAR ResNets (6n+2) are not them, and say so
+    with pytest.raises(ValueError, match='preact152 and preact200'):
+      partitioned_blocks(build_model(cifar, 10))
+
+
+def test_table_8s_config_builds_each_cell_and_refuses_others():
+  import importlib.util
+  from jaxdecouple.config import validate
+  from jaxdecouple.papers import RESIST_DEEPER
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'resist_deeper.py')
+  spec = importlib.util.spec_from_file_location('resist_deeper', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for (dataset, workers, model) in RESIST_DEEPER:
+    for method in ('resist', 'localsgd'):
+      c = module.get_config(f'{method},{model},{dataset},{workers}')
+      validate(c)
+      assert (c.method, c.model, c.dataset, c.replica.num_workers) == (method, model, dataset, workers)
+      assert (c.num_epochs, c.optim.milestones, c.replica.local_steps) == (80, (40, 60), 100)  # Table 8's
+  for bad in ('resist,preact101,cifar10,4', 'resist,preact152,cifar10,8', 'sgd,preact152,cifar10,4', 'resist'):
+    with pytest.raises(ValueError, match='resist_deeper.py'):
+      module.get_config(bad)
 
 
 def test_communication_for_resnet101_against_the_papers_table():

@@ -1,8 +1,8 @@
 """Model registry: ``build_model(name, num_classes)``.
 
 Names: ``resnet{6n+2}`` (CIFAR ResNet-20/32/44/56/110, and resnet8 for quick runs), ``resnet18``,
-``wrn{6n+4}_{k}`` (wrn28_10), ``preact101`` (ResIST's [3, 4, 23, 3]), ``preact152`` (its A.4 ResNet-152:
-[3, 4, 36, 3]), ``preact_s3_{n}`` (its deeper or shallower variants [3, 4, n, 3]), ``postact101`` and
+``wrn{6n+4}_{k}`` (wrn28_10), ``preact101`` (ResIST's [3, 4, 23, 3]), ``preact152`` and ``preact200`` (its A.4
+ResNet-152 and ResNet-200: [3, 4, 40, 3] and [3, 4, 56, 3]), ``preact_s3_{n}`` (its deeper or shallower variants [3, 4, n, 3]), ``postact101`` and
 ``postact_tiny`` (the same with post-activation blocks: ResIST's A.1), ``imagenet_resnet{18,34,50,101,152}`` and ``imagenet_preact101`` (the
 ImageNet forms: 7x7 stride-2 stem and max-pool; bottlenecks from 50 on), ``preact_tiny`` ([1, 1, 6, 1], 8..64 channels, for tests and CPU studies) and
 ``preact_tiny_s3_{n}`` ([1, 1, n, 1], 8..64 channels: n - 1 partitioned blocks for ResIST on a CPU).
@@ -19,7 +19,7 @@ from jaxdecouple.models.resnet import (IMAGENET_DEPTHS, AuxHead, adaptive_avg_po
                                       imagenet_resnet, postact_resnet, preact_resnet, resnet18, wide_resnet)
 
 MODEL_HELP = ('resnet{6n+2} (e.g. resnet20, resnet56, resnet110), resnet18, wrn{6n+4}_{k} (e.g. wrn28_10), '
-              'preact101, preact152, preact_s3_{n}, preact_tiny, postact101, postact_tiny, preact_tiny_s3_{n}; ImageNet form (7x7 stem, max-pool): '
+              'preact101, preact152, preact200, preact_s3_{n}, preact_tiny, postact101, postact_tiny, preact_tiny_s3_{n}; ImageNet form (7x7 stem, max-pool): '
               'imagenet_resnet{18,34,50,101,152}, imagenet_preact101')
 
 
@@ -38,6 +38,12 @@ def build_model(name: str, num_classes: int, scan_min: int = 0, dtype='float32')
   return model
 
 
+# ResIST's A.4: "identical to the original ResNet101 architecture" with "more residual blocks added to the
+# third section". The paper names depth as ResNet-101 does, 3 layers per block ([3, 4, 23, 3]: 3 x 33 + 2 = 101),
+# so ResNet-152 and ResNet-200 have 50 and 66 blocks, all the extra ones in the third section. Its Table 8
+# agrees: local SGD's time for ResNet-200 over ResNet-152 is 1.21-1.31, blocks 66 / 50 = 1.32 (each section's
+# blocks cost the same FLOPs); torchvision's third section of 36 would give both the same depth.
+PAPER_DEEPER = {'preact152': 40, 'preact200': 56}
 MAX_BLOCKS = 1000  # ResNet-1202 has 600; far deeper names only hang the model's construction
 
 
@@ -63,8 +69,8 @@ def _build(name: str, num_classes: int) -> Model:
     return imagenet_preact_resnet([3, 4, 23, 3], num_classes, name=name)
   if name == 'preact101':
     return preact_resnet([3, 4, 23, 3], num_classes, name=name)
-  if name == 'preact152':  # ResIST's A.4: ResNet-101 with more blocks in the third section (36, as ResNet-152's)
-    return preact_resnet([3, 4, 36, 3], num_classes, name=name)
+  if name in PAPER_DEEPER:
+    return preact_resnet([3, 4, PAPER_DEEPER[name], 3], num_classes, name=name)
   if m := re.fullmatch(r'preact_s3_(\d+)', name):
     if int(m.group(1)) >= 2:
       return preact_resnet([3, 4, int(m.group(1)), 3], num_classes, name=name)

@@ -1,4 +1,4 @@
-"""ResIST's width-wise partitions: which blocks are partitioned, and who owns which block each round.
+"""ResIST's layer-wise partitions: which blocks are partitioned, and who owns which block each round.
 
 Only the non-strided blocks of a pre-activation ResNet's third section are partitioned (for ResIST's
 [3, 4, 23, 3] ResNet-101, blocks s3b1..s3b22); every other layer is shared by all sub-networks. A
@@ -27,9 +27,9 @@ def partitioned_blocks(model: Model) -> tuple[str, ...]:
                 if s == PARTITIONED_SECTION and i >= 1 and isinstance(modules[n], kinds))
   if len(names) < 1:
     hint = (f' ({model.name} is the CIFAR ResNet of depth 6n+2, post-activation; the ResIST paper\'s '
-            'ResNet-152 is preact152, a deeper third section is preact_s3_N)') if model.name.startswith('resnet') else ''
+            'ResNet-152 and ResNet-200 are preact152 and preact200, any third-section depth is preact_s3_N)') if model.name.startswith('resnet') else ''
     raise ValueError(f'{model.name} has no non-strided pre-activation blocks in its third section to '
-                     f'partition; use a pre-activation ResNet (preact101, preact152, preact_s3_N, preact_tiny) or postact101{hint}')
+                     f'partition; use a pre-activation ResNet (preact101, preact152, preact200, preact_s3_N, preact_tiny) or postact101{hint}')
   return names
 
 
