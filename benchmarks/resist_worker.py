@@ -7,16 +7,19 @@ with no skipping machinery at all (local SGD's worker step: the reference), the 
 the slots (every block owned, as many slots as blocks: what the slot machinery costs), and each of
 the S sub-networks of round 0 as the replica engine runs them: by default (replica.skip=gather) the
 worker's own partitioned blocks in its fixed slots, a leftover slot's output dropped, no control flow;
-with --with_cond also with lax.cond per slot (replica.skip=cond).
+with --with_cond also with lax.cond per slot (replica.skip=cond). Also the shared layers alone (the
+partitioned blocks taken out), so that one partitioned block's time is measured: (full - shared) / blocks.
 Reports the median seconds over --iters timed iterations after --warmup (compilation), each waiting
 for its result (with --rounds=R: every row compiled and warmed first, then R rounds each timing every
 row in turn; seconds and ratio are medians over the rounds, with the ratios' range), the ratio to the
-full step, and the ratio predicted from the blocks' FLOPs (XLA's
-cost analysis of each block's forward). Prints one JSON line per measurement, then a markdown table.
+full step, the ratio predicted from the blocks' FLOPs (XLA's
+cost analysis of each block's forward), and the ratio predicted from the measured times (the shared
+layers' step plus as many blocks as the row computes). Prints one JSON line per measurement, then a markdown table.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -81,11 +84,24 @@ def main(argv=None):
   c.method = 'localsgd'
   local_sgd = METHODS['localsgd'](build_setup(c, ds)).engine
   plain = jax.jit(local_sgd._worker_step)  # no skipping at all
+  # The shared layers alone (the partitioned blocks taken out of the chain): what a worker's step costs
+  # before its blocks, so that the time of one partitioned block is measured, not assumed from FLOPs.
+  from jaxdecouple.models import Chain
+  bare = copy.copy(local_sgd)
+  kept = [(n, m) for n, m in zip(local_sgd.chain.names, local_sgd.chain.modules) if n not in engine.partitioned]
+  bare.chain = Chain(tuple(n for n, _ in kept), tuple(m for _, m in kept))
+  shared_only = jax.jit(bare._worker_step)
   flops = block_flops(engine.model, ds.image_shape)
   flops = dict(zip(engine.model.block_names, flops))
   full_flops = sum(flops.values())
 
   def step(worker, skip):
+    if skip == 'shared':
+      params, stats, opt_state = worker_state(local_sgd, 0)
+      drop = lambda tree: {n: v for n, v in tree.items() if n not in engine.partitioned}
+      params, stats = drop(params), drop(stats)
+      opt_state = local_sgd.setup.optimizer.init(params)
+      return lambda: jax.block_until_ready(shared_only(params, stats, opt_state, (), images, labels, 0, np.int32(0)))
     if worker is None:
       fn, e, member = plain, local_sgd, ()
     else:
@@ -105,6 +121,7 @@ def main(argv=None):
   blocks = engine.partitioned
   membership = engine.membership(0)
   rows = [('full model (local SGD step, no skipping)', None, None, None),
+          ('shared layers only (partitioned blocks removed)', np.zeros(len(blocks), bool), 'shared', None),
           ('full model through the slots (one per block)', np.ones(len(blocks), bool), 'gather_all', 0)]
   rows += [(f'worker {w} of {args.workers}, slots', membership[w], 'gather', w) for w in range(args.workers)]
   if args.with_cond:
@@ -115,6 +132,8 @@ def main(argv=None):
       call()
   rounds = [[timed(call) for call in calls] for _ in range(args.rounds)]
   results = []
+  # The time of one partitioned block, measured: (full step - shared layers' step) / blocks, per round
+  block_share = [(r[0] - r[1]) / len(blocks) / r[0] for r in rounds]
   for i, (label, member, skip, _) in enumerate(rows):
     seconds = statistics.median(r[i] for r in rounds)
     ratios = [r[i] / r[0] for r in rounds]
@@ -123,10 +142,13 @@ def main(argv=None):
     computed = engines[skip].slots if skip in ('gather', 'gather_all') else int(active.sum())
     predicted = (sum(v for n, v in flops.items() if n not in blocks)
                  + computed * flops[blocks[0]]) / full_flops
+    # the same prediction from measured times: the shared layers' step plus `computed` blocks
+    timed_share = statistics.median(r[1] / r[0] + computed * b for r, b in zip(rounds, block_share))
     record = {'model': args.model, 'batch': args.batch, 'run': label, 'skip': skip, 'blocks': int(active.sum()),
               'computed': computed,
               'seconds': round(seconds, 4), 'ratio': round(statistics.median(ratios), 3),
-              'flop_ratio': round(predicted, 3), 'device': str(jax.devices()[0].device_kind)}
+              'flop_ratio': round(predicted, 3), 'time_share_ratio': round(timed_share, 3),
+              'device': str(jax.devices()[0].device_kind)}
     if args.rounds > 1:
       record['rounds'], record['ratio_range'] = args.rounds, [round(min(ratios), 3), round(max(ratios), 3)]
     results.append(record)
@@ -137,12 +159,17 @@ def main(argv=None):
   print(f'\n{args.model}, batch {args.batch} per worker, {len(blocks)} partitioned blocks, S = {args.workers}, '
         f'on {jax.devices()[0].device_kind}\n')
   print('| step | partitioned blocks owned | computed | s/step | vs full'
-        + (' [min-max over rounds]' if args.rounds > 1 else '') + ' | FLOP ratio |')
-  print('|---|---|---|---|---|---|')
+        + (' [min-max over rounds]' if args.rounds > 1 else '') + ' | FLOP ratio | time-share ratio |')
+  print('|---|---|---|---|---|---|---|')
   for r in results:
     spread = ' [{:.2f}-{:.2f}]'.format(*r['ratio_range']) if 'ratio_range' in r else ''
     print(f"| {r['run']} | {r['blocks']} | {r['computed']} | {r['seconds']:.3f} | {r['ratio']:.2f}{spread} | "
-          f"{r['flop_ratio']:.2f} |")
+          f"{r['flop_ratio']:.2f} | {r['time_share_ratio']:.2f} |")
+  flop_share = sum(flops[b] for b in blocks) / full_flops
+  time_share = statistics.median(len(blocks) * b for b in block_share)
+  print(f'\nThe partitioned blocks hold {flop_share:.2f} of the FLOPs and take {time_share:.2f} of the full step\'s '
+        'time (full step minus the shared layers\' step). FLOP ratio: a step predicted from the blocks\' FLOPs; '
+        'time-share ratio: predicted from the measured times (shared layers\' step + computed x one block\'s).')
   return results
 
 

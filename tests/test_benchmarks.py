@@ -80,6 +80,12 @@ def test_resist_worker_benchmark_times_each_sub_network(capsys):
   assert '| full model (local SGD step, no skipping) | 5 | 5 |' in out
   assert '| full model through the slots (one per block) | 5 | 5 |' in out
   assert '| worker 1 of 2, slots | 2 | 3 |' in out  # 5 blocks, S = 2: slots of 3, one dropped
+  # one block's time measured as (full - shared layers alone) / blocks: the full step is then exactly 1
+  assert '| shared layers only (partitioned blocks removed) | 0 | 0 |' in out
+  full, shared = records[0], records[1]
+  assert full['time_share_ratio'] == pytest.approx(1.0, abs=1e-3)
+  assert shared['time_share_ratio'] == shared['ratio'] and shared['flop_ratio'] < 1
+  assert 'take' in out and 'of the full step\'s time' in out
 
 
 def test_torch_reference_runs_or_says_pytorch_is_missing(capsys):

@@ -8,9 +8,9 @@ EPOCHS = 30
 MILESTONES = tuple(int(round(f * EPOCHS)) for f in (0.5, 0.75, 0.92))
 
 
-def build(method, k=2, beta=1.0, warmup=False):
+def build(method, k=2, beta=1.0, warmup=False, model='resnet8'):
   def b():
-    c = cifar10(method, epochs=EPOCHS, k=k, beta=beta, warmup=warmup, model='resnet8', milestones=MILESTONES)()
+    c = cifar10(method, epochs=EPOCHS, k=k, beta=beta, warmup=warmup, model=model, milestones=MILESTONES)()
     if warmup:  # the paper's 3 of 300 epochs at lr 0.01, scaled to the schedule's length
       c.optim.warmup_epochs = 3.0 * EPOCHS / 300
     c.log_every_steps, c.checkpoint_every_steps = 100, 1000
