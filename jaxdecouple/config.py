@@ -101,6 +101,8 @@ def get_default_config() -> ml_collections.ConfigDict:
                                    # multiple of local_steps; 0: every round, the release; ImageNet: 1300 rounds)
   c.replica.test_time_scale = True  # resist: scale partitioned branches by 1/S at test time (False: A.1's ablation)
   c.replica.skip = 'gather'    # resist: how blocks a worker does not own are skipped: gather | cond
+  c.replica.partition = 'third_section'  # resist: which blocks are dealt out: third_section (the paper's) or
+  #   every_section (A.1's naive partition: every block that keeps its input's shape, each section on its own)
 
   c.distributed = ml_collections.ConfigDict()  # several processes (hosts) in one run
   c.distributed.coordinator = ''   # '': one process; 'auto': jax.distributed.initialize() detects

@@ -61,19 +61,20 @@ def test_minimum_depth_pads_short_sub_networks():
 
 # --- a sequential reference -----------------------------------------------------------------------
 
-def reference_replica(config, steps, partition=True, average=True, redraw=True, warmup=0):
+def reference_replica(config, steps, partition=True, average=True, redraw=True, warmup=0, sections=None):
   """S workers one after another. Worker w draws batch t from its own shuffle (stream w) and its own
   augmentation; its forward skips the partitioned blocks it does not own this round; SGD (weight
   decay 5e-4 added to the gradient, momentum 0.9) updates only the blocks it ran. Every L steps:
   each shared block averaged over all workers, each partitioned block over its owners, momentum
   restarted, a new partition drawn (unless ``redraw`` is off). With a ``warmup`` of W steps, the first W
   are local SGD (every worker runs every block, the partitioned ones' branches scaled by 1/S as at test
-  time). Returns each worker's variables."""
+  time). ``sections``: the naive partition's groups of blocks (one per section), each dealt out on its own
+  from its own stream. Returns each worker's variables."""
   r = config.replica
   S, L = r.num_workers, r.local_steps
   ds = load_dataset(config.data, config.dataset)
   model = build_model(config.model, ds.num_classes)
-  blocks = partitioned_blocks(model) if partition else ()
+  blocks = partitioned_blocks(model) if partition and not sections else tuple(n for g in sections or () for n in g)
   init = model.init(jax.random.key(config.seed), jnp.zeros((1, *ds.image_shape)))
   params = [dict(init['params']) for _ in range(S)]  # one dict per worker: blocks are replaced in it
   stats = [init['batch_stats'] for _ in range(S)]
@@ -87,6 +88,9 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True, 
       return set()
     if round_index * L < warmup:  # warm-up: every block on every worker
       return set(blocks)
+    if sections:
+      return {b for i, g in enumerate(sections) for b, own in zip(g, draw_partition(
+          len(g), S, config.seed, round_index if redraw else 0, group=i + 1, allow_idle=True)[w]) if own}
     m = draw_partition(len(blocks), S, config.seed, round_index if redraw else 0, r.min_depth)
     return {b for b, own in zip(blocks, m[w]) if own}
 
@@ -228,6 +232,28 @@ def test_a_local_sgd_warm_up_then_resist_matches_the_reference(workdir):
                      (result.state.params, result.state.batch_stats), tol=1e-6)
 
 
+def test_the_naive_partition_deals_out_every_section_and_matches_the_reference(workdir):
+  """replica.partition='every_section', the paper's A.1 "naive" partition: every block that keeps its input's
+  shape is partitioned (preact_tiny: s1b0 alone in its section, and s3b1..s3b5), each section dealt out on its
+  own and kept in its own slots; the numbers are the sequential reference's, which draws each section itself."""
+  sections = (('s1b0',), tuple(f's3b{i}' for i in range(1, 6)))
+  config = replica_config('resist', workers=2, steps=3, **{'replica.partition': 'every_section'})
+  result = train_and_evaluate(config, workdir)
+  e = result.method.engine
+  assert [g.names for g in e.groups] == list(sections) and [g.key for g in e.groups] == ['slots_s1', SLOTS]
+  assert [g.slots for g in e.groups] == [1, 3] and e.slots == 4
+  member = np.asarray(result.state.membership)
+  assert member.shape == (2, 6) and (member.sum(axis=0) == 1).all()  # every block one owner, s1b0 too
+  assert set(result.state.params) == {'stem', 's2b0', 's3b0', 's4b0', 'head', 'slots_s1', SLOTS}
+  reference = reference_replica(config, 3, sections=sections)  # a round (L = 2) and a step into the next
+  for w in range(2):
+    mine = worker_variables(result, w)
+    assert ('s1b0' in mine['params']) == bool(member[w, 0])  # stored by its owner only
+    assert_trees_close(mine, stored_part(reference[w], mine), tol=1e-3)
+  scales = {n: getattr(m, 'residual_scale', None) for n, m in zip(e.chain.names, e.eval_model().chain.modules)}
+  assert scales['s1b0'] == scales['s3b1'] == 0.5 and scales['s2b0'] == scales['s3b0'] == 1.0
+
+
 def test_post_activation_resist_matches_the_sequential_reference(workdir):
   """ResIST on a post-activation ResNet (the paper's A.1): the same definition, blocks relu(shortcut +
   branch), the partitioned ones scaled by 1/S at test time."""
@@ -295,13 +321,13 @@ def test_fewer_devices_than_workers_give_the_same_numbers(resist_run, workdir):
                      (resist_run.state.params, resist_run.state.batch_stats), tol=2e-4)
 
 
-@pytest.mark.parametrize('skip', ['gather', 'cond'])
-def test_a_worker_stores_only_its_sub_network(skip, workdir):
+def test_a_worker_stores_only_its_sub_network(workdir):
   """Between and within rounds each device holds the shared layers and its workers' slots, nothing
   else of the partitioned section: the bytes resident on each device (summed from the arrays'
   addressable shards) are exactly S_here * (shared + slots * block) for parameters, statistics and
-  momentum. A slot a sub-network leaves over stays zero through training (parameters and momentum)."""
-  config = replica_config('resist', workers=4, local=2, **{'replica.skip': skip, 'replica.min_depth': 2})
+  momentum. A slot a sub-network leaves over stays zero through training (parameters and momentum). (The
+  storage does not depend on replica.skip: test_gathered_and_conditional_skipping_train_alike.)"""
+  config = replica_config('resist', workers=4, local=2, **{'replica.min_depth': 2})
   method, ds = build_method(config)
   engine = method.engine
   order = TrainOrder(len(ds.x_train), config.batch_size, config.seed)
@@ -375,6 +401,10 @@ def test_gathered_and_conditional_skipping_train_alike(resist_run, workdir):
   assert resist_run.method.engine.spec.skip == 'gather' and conditional.method.engine.spec.skip == 'cond'
   assert_trees_close((conditional.state.params, conditional.state.batch_stats),
                      (resist_run.state.params, resist_run.state.batch_stats), tol=2e-4)
+  # and each device stores the same (the slots), whichever way empty slots are skipped
+  held = lambda r: list(r.method.engine.resident_bytes(r.state).values())
+  assert held(conditional) == held(resist_run) and jax.tree.structure(conditional.state) == \
+      jax.tree.structure(resist_run.state)
 
 
 # --- aggregation against numpy ---------------------------------------------------------------------
@@ -646,6 +676,8 @@ def test_communication_for_resnet101_against_the_papers_table():
     ({'replica.stats_every_steps': 3}, 'replica.stats_every_steps'),  # not a multiple of L = 2
     ({'replica.warmup_steps': 3}, 'replica.warmup_steps'),  # not a multiple of L = 2
     ({'replica.warmup_steps': 6}, 'replica.warmup_steps'),  # longer than the 5-step run
+    ({'replica.partition': 'all'}, 'replica.partition'),
+    ({'replica.partition': 'every_section', 'replica.min_depth': 2}, 'replica.min_depth'),
     ({'model': 'resnet8'}, 'model'),
 ])
 def test_bad_replica_settings_are_refused(overrides, field, workdir):

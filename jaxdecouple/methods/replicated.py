@@ -21,7 +21,8 @@ from jaxdecouple.config import fail
 from jaxdecouple.data import Batch
 from jaxdecouple.methods.base import Method, Setup
 from jaxdecouple.models import build_model
-from jaxdecouple.replica import SLOTS, Replica, ReplicaSpec, ReplicaState, partitioned_blocks, slot_apply
+from jaxdecouple.replica import Replica, ReplicaSpec, ReplicaState, slot_apply
+from jaxdecouple.replica.partition import SCOPES, partitioned_groups
 
 
 class ReplicaMethod(Method):
@@ -67,12 +68,20 @@ class ReplicaMethod(Method):
       fail('replica.num_devices', f'{r.num_devices} does not divide the {r.num_workers} workers (each device runs '
            f'as many); use one of {", ".join(str(n) for n in range(1, r.num_workers + 1) if r.num_workers % n == 0)}'
            ', or 0 for as many as divide them')
+    if r.partition not in SCOPES:
+      fail('replica.partition', f"{r.partition!r} is not allowed; choose {' or '.join(SCOPES)}")
+    if r.partition != 'third_section' and not cls.partition:
+      fail('replica.partition', f'{config.method} partitions nothing (leave it at third_section)')
+    if r.partition == 'every_section' and r.min_depth:
+      fail('replica.min_depth', "the naive partition (replica.partition='every_section') deals every section out "
+           'on its own, as the paper\'s A.1 does, without a minimum depth; leave replica.min_depth at 0')
     if cls.partition:
       try:
-        blocks = len(partitioned_blocks(build_model(config.model, 10)))
+        blocks = len(partitioned_groups(build_model(config.model, 10))[0])
       except ValueError as e:
         fail('model', str(e))
-      if r.num_workers > blocks and r.min_depth == 0:
+      # (the naive partition: a section with fewer blocks than workers leaves some workers without one)
+      if r.partition == 'third_section' and r.num_workers > blocks and r.min_depth == 0:
         fail('replica.num_workers', f'{config.model} has {blocks} partitioned blocks, fewer than the '
              f'{r.num_workers} workers; use at most {blocks} workers or set replica.min_depth')
       if r.min_depth > blocks:
@@ -85,7 +94,8 @@ class ReplicaMethod(Method):
                        redraw=self.redraw, min_depth=r.min_depth, momentum=r.momentum,
                        batch_norm=r.batch_norm, quantize_bits=r.quantize_bits, sparsify=r.sparsify,
                        skip=r.skip, test_time_scale=r.test_time_scale,
-                       stats_every=max(1, r.stats_every_steps // r.local_steps))
+                       stats_every=max(1, r.stats_every_steps // r.local_steps),
+                       scope=r.partition if self.partition else 'third_section')
     n = r.num_devices or len(setup.devices)
     if n > len(setup.devices):
       fail('replica.num_devices', f'{n} devices asked for but only {len(setup.devices)} present')
@@ -138,7 +148,7 @@ class ReplicaMethod(Method):
     return state, metrics
 
   def eval_variables(self, state: ReplicaState) -> dict:
-    engine = self.engine if not self.warmup or SLOTS in state.params else self.warm
+    engine = self.engine if not self.warmup or any(g.key in state.params for g in self.engine.groups) else self.warm
     params, stats = engine.averaged(state)  # replicated over the mesh: this process's copy
     return jax.tree.map(lambda x: x.addressable_data(0), {'params': params, 'batch_stats': stats})
 
@@ -157,9 +167,10 @@ class ReplicaMethod(Method):
       lines.append(f'  local SGD warm-up for the first {self.warmup} steps (partitioned branches scaled as at test '
                    'time), then ResIST')
     if e.partitioned:
-      line = (f'  partitioned: {len(e.partitioned)} blocks ({e.partitioned[0]}..{e.partitioned[-1]}, '
-              f'{sum(blocks.values()) / 1e6:.2f}M params); shared: {shared / 1e6:.2f}M params; '
-              f'each worker holds the shared layers and {e.slots} block slots')
+      groups = ', '.join(f'{g.names[0]}..{g.names[-1]}' if len(g.names) > 1 else g.names[0] for g in e.groups)
+      slots = ' + '.join(str(g.slots) for g in e.groups)
+      line = (f'  partitioned: {len(e.partitioned)} blocks ({groups}, {sum(blocks.values()) / 1e6:.2f}M params); '
+              f'shared: {shared / 1e6:.2f}M params; each worker holds the shared layers and {slots} block slots')
       if isinstance(state.membership, jax.Array) and state.membership.is_fully_addressable:
         sizes = np.asarray(jax.device_get(state.membership)).sum(axis=1)
         line += f'; blocks per worker this round: {", ".join(map(str, sizes))}'
@@ -207,7 +218,7 @@ class Ensemble(ReplicaMethod):
       for w in range(e.spec.num_workers):  # unrolled: XLA:CPU runs convolutions in loops slowly
         p, s, m = jax.tree.map(lambda v: v[w], (variables['params'], variables['batch_stats'],
                                                 variables['membership']))
-        logits, _ = slot_apply(e.chain, e.partitioned, {'params': p, 'batch_stats': s}, x, e._valid(m),
+        logits, _ = slot_apply(e.chain, e.groups, {'params': p, 'batch_stats': s}, x, e._valid(m),
                                train=train, skip=e.spec.skip)
         probs.append(jax.nn.softmax(logits.astype(jnp.float32)))
       return jnp.log(jnp.mean(jnp.stack(probs), axis=0))

@@ -1,4 +1,4 @@
-"""The width-wise (replica) engine: S workers train copies or sub-networks, then average.
+"""The replica engine: S workers train copies or layer-wise sub-networks, then average.
 
 Every per-worker array is stacked on a leading worker axis and sharded over a 'worker' mesh axis;
 a local iteration runs under ``jax.shard_map``, each device running the workers it holds one after
@@ -10,7 +10,9 @@ leaves (S, slots, ...); likewise BatchNorm statistics and momentum): slot j hold
 block in chain order, and the slots a smaller sub-network leaves over are zero and run as identity
 (their output dropped with ``jnp.where``, exact zero gradient, update masked), or skipped with
 ``lax.cond`` (``skip='cond'``, which XLA:CPU runs about 20x slower). Nothing else of the partitioned
-section is on the worker's device.
+section is on the worker's device. With the naive partition (``scope='every_section'``) the partitioned
+blocks come in several groups (one per section, blocks of different shapes), each in its own slots
+(``params['slots_s1']`` and so on; the third section's stay under SLOTS) and dealt out on its own.
 
 **Rounds.** Every ``local_steps`` iterations: the shared layers are averaged over all workers (one
 all-reduce of the shared layers only); each partitioned block travels from the worker(s) that trained
@@ -34,10 +36,24 @@ from jaxdecouple.common import Setup, classification_loss
 from jaxdecouple.data import Batch, TrainOrder, train_inputs
 from jaxdecouple.models import Chain, Model, count_params
 from jaxdecouple.replica import exchange, wire
-from jaxdecouple.replica.partition import draw_partition, partitioned_blocks, test_time_scale
+from jaxdecouple.replica.partition import draw_partition, partitioned_groups, test_time_scale
 
 AXIS = 'worker'
 SLOTS = 'slots'  # the key under which a worker's partitioned blocks sit, stacked on a slot axis
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+  """Partitioned blocks of one definition, contiguous in the chain, stored in ``slots`` slots under ``key``;
+  their columns of the membership start at ``start``."""
+  key: str
+  names: tuple[str, ...]
+  start: int
+  slots: int
+
+  @property
+  def columns(self) -> slice:
+    return slice(self.start, self.start + len(self.names))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +72,7 @@ class ReplicaSpec:
   skip: str = 'gather'          # how a worker's empty slots are skipped: gather (select) | cond
   test_time_scale: bool = True  # scale the partitioned blocks' residual branches at test time
   stats_every: int = 1          # rounds between averagings of the shared layers' BatchNorm statistics
+  scope: str = 'third_section'  # which blocks are partitioned: third_section | every_section (A.1's naive)
 
   @property
   def compresses(self) -> bool:
@@ -66,7 +83,8 @@ class ReplicaState(NamedTuple):
   params: Any          # shared blocks by name, leaves (S, ...); ResIST: SLOTS, leaves (S, slots, ...)
   batch_stats: Any
   opt_state: Any
-  membership: Any      # (S, P) bool: worker w runs partitioned block b this round; () for local SGD
+  membership: Any      # (S, P) bool: worker w runs partitioned block b this round (groups side by side); ()
+                       # for local SGD
 
 
 class Traffic(NamedTuple):
@@ -84,24 +102,28 @@ def _run_block(module, block, x, train: bool):
   return module.apply(block, x, train=train), block.get('batch_stats')
 
 
-def slot_apply(chain: Chain, partitioned: Sequence[str], variables, x, valid, train: bool,
-               skip: str = 'gather'):
-  """Runs one worker's sub-network: the shared blocks by name and, in place of the (contiguous, alike)
-  partitioned blocks, the worker's slots ``variables[c][SLOTS]`` in order, slot j only where
-  ``valid[j]``. Returns the output and the new batch statistics (a skipped slot's unchanged).
+def slot_apply(chain: Chain, partitioned, variables, x, valid, train: bool, skip: str = 'gather'):
+  """Runs one worker's sub-network: the shared blocks by name and, in place of each group of (contiguous,
+  alike) partitioned blocks, the worker's slots ``variables[c][group.key]`` in order, slot j only where
+  ``valid[group.key][j]``. ``partitioned``: the groups (``Group``), or one group's block names (stored under
+  SLOTS, ``valid`` then that group's array). Returns the output and the new batch statistics (a skipped
+  slot's unchanged).
 
   ``skip='gather'``: every slot is computed and an empty slot's output dropped with ``jnp.where`` (its
   zero parameters keep it finite; its gradient is exactly zero); no control flow, full speed on every
   backend. ``skip='cond'``: ``lax.cond`` per slot (XLA:CPU runs convolutions inside it ~20x slower)."""
-  new_stats, done = {}, False
+  if partitioned and isinstance(partitioned[0], str):
+    partitioned, valid = (Group(SLOTS, tuple(partitioned), 0, int(valid.shape[0])),), {SLOTS: valid}
+  group_of = {n: g for g in partitioned for n in g.names}
+  new_stats = {}
   for name, module in zip(chain.names, chain.modules):
-    if name in partitioned:
-      if not done:
-        stacked = {c: v[SLOTS] for c, v in variables.items() if SLOTS in v}
-        x, stats = _run_slots(module, stacked, x, valid, train, skip)
+    if name in group_of:
+      g = group_of[name]
+      if name == g.names[0]:
+        stacked = {c: v[g.key] for c, v in variables.items() if g.key in v}
+        x, stats = _run_slots(module, stacked, x, valid[g.key], train, skip)
         if stats is not None:
-          new_stats[SLOTS] = stats
-        done = True
+          new_stats[g.key] = stats
       continue
     block = {c: v[name] for c, v in variables.items() if name in v}
     x, stats = _run_block(module, block, x, train)
@@ -145,8 +167,19 @@ def slot_count(num_blocks: int, num_workers: int, min_depth: int = 0) -> int:
   return min(num_blocks, max(-(-num_blocks // num_workers), min_depth))
 
 
-def _in_slots(path) -> bool:
-  return any(isinstance(k, jax.tree_util.DictKey) and k.key == SLOTS for k in path)
+def _slot_key(path) -> str | None:
+  """The slot group a leaf belongs to (its key: SLOTS or SLOTS_s1...), or None for a shared leaf."""
+  for k in path:
+    if isinstance(k, jax.tree_util.DictKey) and isinstance(k.key, str) and \
+        (k.key == SLOTS or k.key.startswith(SLOTS + '_')):
+      return k.key
+  return None
+
+
+def _in_slots(path, key: str | None = None) -> bool:
+  """Whether a leaf sits in slots (of group ``key`` when given)."""
+  found = _slot_key(path)
+  return found is not None and (key is None or found == key)
 
 
 def _shared_sizes(tree) -> list[int]:
@@ -161,10 +194,17 @@ class Replica:
     self.setup, self.spec = setup, spec
     self.model: Model = setup.model
     self.chain = self.model.chain
-    self.partitioned = partitioned_blocks(self.model) if spec.partition else ()
-    check_partitioned_run(self.chain, self.partitioned)
+    groups, start = [], 0
+    for names in (partitioned_groups(self.model, spec.scope) if spec.partition else ()):
+      check_partitioned_run(self.chain, names)
+      section = self.model.sections[names[0]][0]
+      key = SLOTS if spec.scope == 'third_section' or section == 2 else f'{SLOTS}_s{section + 1}'
+      groups.append(Group(key, names, start, slot_count(len(names), spec.num_workers, spec.min_depth)))
+      start += len(names)
+    self.groups: tuple[Group, ...] = tuple(groups)
+    self.partitioned = tuple(n for g in self.groups for n in g.names)
     self.index = {n: i for i, n in enumerate(self.partitioned)}
-    self.slots = slot_count(len(self.partitioned), spec.num_workers, spec.min_depth)
+    self.slots = sum(g.slots for g in self.groups)  # slots per worker, all groups
     d = max(n for n in range(1, min(len(devices), spec.num_workers) + 1) if spec.num_workers % n == 0)
     self.mesh = Mesh(np.array(devices[:d]), (AXIS,))
     self.devices = list(self.mesh.devices.flat)
@@ -181,7 +221,10 @@ class Replica:
     if not s.partition:
       return ()
     r = round_index if s.redraw else 0
-    return draw_partition(len(self.partitioned), s.num_workers, self.setup.config.seed, r, s.min_depth)
+    if s.scope == 'third_section':
+      return draw_partition(len(self.partitioned), s.num_workers, self.setup.config.seed, r, s.min_depth)
+    return np.concatenate([draw_partition(len(g.names), s.num_workers, self.setup.config.seed, r, s.min_depth,
+                                          group=i + 1, allow_idle=True) for i, g in enumerate(self.groups)], axis=1)
 
   # --- placement --------------------------------------------------------------------------------
   def _put(self, tree, sharding):
@@ -202,32 +245,38 @@ class Replica:
     S = self.spec.num_workers
     out = {n: jax.tree.map(lambda x: np.broadcast_to(x, (S, *np.shape(x))), v)
            for n, v in network.items() if n not in self.index}
-    if self.index and self.partitioned[0] in network:
-      empty = jax.tree.map(np.zeros_like, network[self.partitioned[0]])
+    for g in self.groups:
+      if g.names[0] not in network:  # a collection without this block (no statistics)
+        continue
+      empty = jax.tree.map(np.zeros_like, network[g.names[0]])
       workers = []
       for w in range(S):
-        blocks = [network[self.partitioned[b]] for b in np.flatnonzero(member[w])]
-        blocks += [empty] * (self.slots - len(blocks))
+        blocks = [network[g.names[b]] for b in np.flatnonzero(np.asarray(member)[w, g.columns])]
+        blocks += [empty] * (g.slots - len(blocks))
         workers.append(jax.tree.map(lambda *xs: np.stack(xs), *blocks))
-      out[SLOTS] = jax.tree.map(lambda *xs: np.stack(xs), *workers)
+      out[g.key] = jax.tree.map(lambda *xs: np.stack(xs), *workers)
     return out
 
   def worker_network(self, tree, member, w: int) -> dict:
     """Worker ``w``'s blocks by name (shared ones and the partitioned ones it holds) from a workers'
     layout tree (host arrays): what the worker stores, under the blocks' own names."""
-    out = {n: jax.tree.map(lambda x: np.asarray(x)[w], v) for n, v in tree.items() if n != SLOTS}
-    if SLOTS in tree:
-      for j, b in enumerate(np.flatnonzero(np.asarray(member)[w])):
-        out[self.partitioned[b]] = jax.tree.map(lambda x: np.asarray(x)[w, j], tree[SLOTS])
+    keys = {g.key for g in self.groups}
+    out = {n: jax.tree.map(lambda x: np.asarray(x)[w], v) for n, v in tree.items() if n not in keys}
+    for g in self.groups:
+      if g.key in tree:
+        for j, b in enumerate(np.flatnonzero(np.asarray(member)[w, g.columns])):
+          out[g.names[b]] = jax.tree.map(lambda x: np.asarray(x)[w, j], tree[g.key])
     return out
 
   # --- state --------------------------------------------------------------------------------------
   def network_shapes(self, params) -> dict:
     """One whole network's parameters as shapes (block name -> subtree), from the workers' layout."""
     shape = lambda lead: lambda x: jax.ShapeDtypeStruct(x.shape[lead:], x.dtype)
-    out = {n: jax.tree.map(shape(1), v) for n, v in params.items() if n != SLOTS}
-    for n in self.partitioned if SLOTS in params else ():
-      out[n] = jax.tree.map(shape(2), params[SLOTS])
+    keys = {g.key for g in self.groups}
+    out = {n: jax.tree.map(shape(1), v) for n, v in params.items() if n not in keys}
+    for g in self.groups:
+      for n in g.names if g.key in params else ():
+        out[n] = jax.tree.map(shape(2), params[g.key])
     return out
 
   def init(self, rng: jax.Array, example: Batch) -> ReplicaState:
@@ -267,33 +316,35 @@ class Replica:
     return Batch(images, labels)
 
   # --- one local iteration ------------------------------------------------------------------------
-  def _valid(self, member):
-    """Which of a worker's slots hold a block: the first as many as it owns."""
-    return jnp.arange(self.slots) < jnp.sum(member)
+  def _valid(self, member) -> dict:
+    """Which of a worker's slots hold a block, per group: the first as many as it owns."""
+    return {g.key: jnp.arange(g.slots) < jnp.sum(member[g.columns]) for g in self.groups}
 
   def _worker_step(self, params, stats, opt_state, member, images, labels, worker, step):
     s = self.setup
     x = train_inputs(images, step, s.config.seed, s.preprocess, stream=worker)
-    valid = self._valid(member) if self.index else jnp.zeros((0,), bool)
+    valid = self._valid(member)
 
     def loss_fn(shared, slots):
-      p = {**shared, SLOTS: slots} if self.index else shared
-      logits, new_stats = slot_apply(self.chain, self.partitioned, {'params': p, 'batch_stats': stats}, x,
+      p = {**shared, **slots}
+      logits, new_stats = slot_apply(self.chain, self.groups, {'params': p, 'batch_stats': stats}, x,
                                      valid, train=True, skip=self.spec.skip)
       loss, accuracy = classification_loss(logits, labels)
       return loss, (new_stats, accuracy)
 
     # The slots enter the gradient one by one (a list): differentiating slices of the stacked array would
     # pad every slot's gradient to the whole stack and add them up (1.46x a full step at 22 slots).
-    shared = {n: v for n, v in params.items() if n != SLOTS}
-    slots = [jax.tree.map(lambda s: s[j], params[SLOTS]) for j in range(self.slots)] if self.index else []
+    keys = {g.key for g in self.groups}
+    shared = {n: v for n, v in params.items() if n not in keys}
+    slots = {g.key: [jax.tree.map(lambda s: s[j], params[g.key]) for j in range(g.slots)] for g in self.groups}
     (loss, (new_stats, accuracy)), (g_shared, g_slots) = jax.value_and_grad(loss_fn, argnums=(0, 1),
                                                                            has_aux=True)(shared, slots)
-    grads = {**g_shared, SLOTS: jax.tree.map(lambda *g: jnp.stack(g), *g_slots)} if self.index else g_shared
+    grads = {**g_shared, **{k: jax.tree.map(lambda *g: jnp.stack(g), *v) for k, v in g_slots.items()}}
     new_params, new_opt = s.optimizer.update(grads, opt_state, params, s.schedule(step))
     if self.index:  # an empty slot stays exactly as it was (zero; weight decay and momentum included)
       def keep(path, new, old):
-        return jnp.where(valid.reshape(-1, *[1] * (new.ndim - 1)), new, old) if _in_slots(path) else new
+        key = _slot_key(path)
+        return new if key is None else jnp.where(valid[key].reshape(-1, *[1] * (new.ndim - 1)), new, old)
       new_params = jax.tree_util.tree_map_with_path(keep, new_params, params)
       new_opt = jax.tree_util.tree_map_with_path(keep, new_opt, opt_state)
     return new_params, new_stats, new_opt, loss, accuracy
@@ -332,25 +383,27 @@ class Replica:
     """What travels with a block: its parameters and statistics, and its momentum when averaged."""
     return (params, stats, opt_state if self.spec.momentum == 'average' else ())
 
-  def _pack(self, tree):
-    """Slot leaves (..., slots, *shape) of this device -> rows (workers here * slots, R), float32."""
-    leaves = [x for path, x in jax.tree_util.tree_flatten_with_path(tree)[0] if _in_slots(path)]
-    return jnp.concatenate([x.reshape(self.per_device * self.slots, -1).astype(jnp.float32) for x in leaves],
+  def _pack(self, tree, g: Group):
+    """Group g's slot leaves (..., slots, *shape) of this device -> rows (workers here * slots, R), float32."""
+    leaves = [x for path, x in jax.tree_util.tree_flatten_with_path(tree)[0] if _in_slots(path, g.key)]
+    return jnp.concatenate([x.reshape(self.per_device * g.slots, -1).astype(jnp.float32) for x in leaves],
                            axis=1)
 
-  def row_width(self, state: ReplicaState) -> int:
+  def row_width(self, state: ReplicaState, g: Group | None = None) -> int:
+    g = g or self.groups[0]
     leaves = [x for path, x in jax.tree_util.tree_flatten_with_path(self._moving(
-        state.params, state.batch_stats, state.opt_state))[0] if _in_slots(path)]
+        state.params, state.batch_stats, state.opt_state))[0] if _in_slots(path, g.key)]
     return sum(int(np.prod(x.shape[2:])) for x in leaves)
 
   # --- averaging ----------------------------------------------------------------------------------
   @property
   def pack_rows(self):
-    """The state's slots as rows, one per (worker, slot), sharded over the workers' devices."""
+    """The state's slots as rows, one per (worker, slot), sharded over the workers' devices: a tuple, one
+    array per group."""
     if not hasattr(self, '_pack_rows'):
       w = P(AXIS)
-      f = jax.shard_map(lambda p, s, o: self._pack(self._moving(p, s, o)), mesh=self.mesh,
-                        in_specs=(w, w, w), out_specs=w, check_vma=False)
+      f = jax.shard_map(lambda p, s, o: tuple(self._pack(self._moving(p, s, o), g) for g in self.groups),
+                        mesh=self.mesh, in_specs=(w, w, w), out_specs=w, check_vma=False)
       self._pack_rows = jax.jit(lambda st: f(st.params, st.batch_stats, st.opt_state))
     return self._pack_rows
 
@@ -376,8 +429,9 @@ class Replica:
     stats = jax.tree.map(lambda avg, x: jnp.where(sync_stats, avg, x), shared(stats), stats)
     opt_state = shared(opt_state) if self.spec.momentum == 'average' else jax.tree.map(jnp.zeros_like, opt_state)
     if self.index:
-      moving = self._moving(params, stats, opt_state)
-      moved = self._unpack_into(rows, moving)
+      moved = self._moving(params, stats, opt_state)
+      for g, group_rows in zip(self.groups, rows):
+        moved = self._unpack_into(group_rows, moved, g)
       params, stats = moved[0], moved[1]
       if self.spec.momentum == 'average':
         opt_state = moved[2]
@@ -403,12 +457,13 @@ class Replica:
     out = iter(means)
     return jax.tree_util.tree_unflatten(treedef, [x if _in_slots(path) else next(out) for path, x in flat])
 
-  def _unpack_into(self, rows, tree):
-    """Rows (workers here * slots, R) -> ``tree`` with its slot leaves (workers here, slots, ...) replaced."""
+  def _unpack_into(self, rows, tree, g: Group):
+    """Group g's rows (workers here * slots, R) -> ``tree`` with g's slot leaves (workers here, slots, ...)
+    replaced."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
     moved = iter(cols.reshape(x.shape).astype(x.dtype)
-                 for x, cols in self._split_rows(rows, [x for path, x in flat if _in_slots(path)]))
-    return jax.tree_util.tree_unflatten(treedef, [next(moved) if _in_slots(path) else x for path, x in flat])
+                 for x, cols in self._split_rows(rows, [x for path, x in flat if _in_slots(path, g.key)]))
+    return jax.tree_util.tree_unflatten(treedef, [next(moved) if _in_slots(path, g.key) else x for path, x in flat])
 
   @property
   def finish(self):
@@ -435,41 +490,41 @@ class Replica:
       return 4 * rest + self.per_device * sum(wire.encoded_size(n, s.quantize_bits, s.sparsify) for n in params)
     return 4 * (rest + sum(params))
 
-  def codec(self, state: ReplicaState) -> wire.Codec | None:
-    """How a block's row is encoded on the wire (parameters compressed), or None."""
+  def codec(self, state: ReplicaState, g: Group | None = None) -> wire.Codec | None:
+    """How a block's row (of group g, default the first) is encoded on the wire (parameters compressed), or
+    None."""
     if not self.spec.compresses:
       return None
+    g = g or self.groups[0]
     sizes = [int(np.prod(x.shape[2:])) for path, x in jax.tree_util.tree_flatten_with_path(state.params)[0]
-             if _in_slots(path)]
-    return wire.Codec(sizes, self.row_width(state), self.spec.quantize_bits, self.spec.sparsify)
+             if _in_slots(path, g.key)]
+    return wire.Codec(sizes, self.row_width(state, g), self.spec.quantize_bits, self.spec.sparsify)
 
   def aggregate(self, state: ReplicaState, round_index: int) -> ReplicaState:
     """The end of round ``round_index``: shared layers all-reduced, blocks sent to their next owners."""
     nxt = self.membership(round_index + 1)
     devices = len(self.devices)
+    sent, received, moved = np.zeros(devices, np.int64), np.zeros(devices, np.int64), []
     if self.index:
       now = self.membership(round_index)
-      rows = self.pack_rows(state)
-      if not hasattr(self, '_codec'):
-        self._codec = self.codec(state)
-      route = exchange.plan(now, nxt, self.slots, self.per_device, coded=self._codec is not None)
-      rows, sent, received = exchange.run(rows, route, self.devices, self._codec)
-    else:
-      rows = jnp.zeros((0,), jnp.float32)
-      sent = received = np.zeros(devices, np.int64)
+      if not hasattr(self, '_codecs'):
+        self._codecs = [self.codec(state, g) for g in self.groups]
+      for g, rows, codec in zip(self.groups, self.pack_rows(state), self._codecs):
+        route = exchange.plan(now[:, g.columns], nxt[:, g.columns], g.slots, self.per_device,
+                              coded=codec is not None)
+        rows, out, into = exchange.run(rows, route, self.devices, codec)
+        moved.append(rows)
+        sent, received = sent + out, received + into
     reduce = self.shared_bytes(state) if devices > 1 else 0
     sync = (round_index + 1) % self.spec.stats_every == 0
     if not sync:  # the statistics stay out of this round's all-reduce
       reduce -= self.stats_bytes(state) if devices > 1 else 0
     self.last_traffic = Traffic(sent, received, reduce)
-    return self.finish(state, rows if self.index else self._no_rows(), self.put_workers(nxt), np.bool_(sync))
+    return self.finish(state, tuple(moved), self.put_workers(nxt), np.bool_(sync))
 
   def stats_bytes(self, state: ReplicaState) -> int:
     """Bytes of one worker's shared BatchNorm statistics (float32)."""
     return 4 * sum(_shared_sizes(state.batch_stats))
-
-  def _no_rows(self):
-    return self.put_workers(np.zeros((self.spec.num_workers, 0), np.float32))
 
   @property
   def averaged(self):
@@ -483,21 +538,24 @@ class Replica:
     return self._averaged
 
   def _whole(self, params, stats, member):
-    mean = lambda tree: {n: jax.tree.map(self._mean, v) for n, v in tree.items() if n != SLOTS}
+    keys = {g.key for g in self.groups}
+    mean = lambda tree: {n: jax.tree.map(self._mean, v) for n, v in tree.items() if n not in keys}
     out_params, out_stats = mean(params), mean(stats)
     if self.index:
-      rows = jax.lax.all_gather(self._pack((params, stats)), AXIS, tiled=True)  # (S * slots, R)
-      member = jax.lax.all_gather(member, AXIS, tiled=True)  # (S, P)
+      everyone = jax.lax.all_gather(member, AXIS, tiled=True)  # (S, P)
+    for g in self.groups:
+      rows = jax.lax.all_gather(self._pack((params, stats), g), AXIS, tiled=True)  # (S * slots, R)
+      member = everyone[:, g.columns]
       position = jnp.cumsum(member, axis=1) - 1  # a block's slot on each worker holding it
       total = 0.0
       for w in range(self.spec.num_workers):  # selected, not weighted: one holder passes through exactly
-        total = total + jnp.where(member[w][:, None], rows[w * self.slots + jnp.maximum(position[w], 0)], 0.0)
+        total = total + jnp.where(member[w][:, None], rows[w * g.slots + jnp.maximum(position[w], 0)], 0.0)
       blocks = total / jnp.maximum(jnp.sum(member, axis=0), 1)[:, None].astype(jnp.float32)
-      template = (params[SLOTS], stats.get(SLOTS, {}))
+      template = (params[g.key], stats.get(g.key, {}))
       flat, treedef = jax.tree_util.tree_flatten(template)
       p, s = jax.tree_util.tree_unflatten(treedef, [cols.reshape(-1, *x.shape[2:]).astype(x.dtype)
                                                     for x, cols in self._split_rows(blocks, flat)])
-      for b, name in enumerate(self.partitioned):
+      for b, name in enumerate(g.names):
         out_params[name] = jax.tree.map(lambda x: x[b], p)
         if s:
           out_stats[name] = jax.tree.map(lambda x: x[b], s)
@@ -523,8 +581,9 @@ class Replica:
     ``test_time_scale`` is off: the paper's A.1 ablation)."""
     if not self.partitioned or not self.spec.test_time_scale:
       return self.model
-    scale = test_time_scale(len(self.partitioned), self.spec.num_workers, self.spec.min_depth)
-    modules = tuple(m.clone(residual_scale=scale) if n in self.index else m
+    scale = {n: test_time_scale(len(g.names), self.spec.num_workers, self.spec.min_depth)
+             for g in self.groups for n in g.names}
+    modules = tuple(m.clone(residual_scale=scale[n]) if n in scale else m
                     for n, m in zip(self.chain.names, self.chain.modules))
     return dataclasses.replace(self.model, chain=Chain(self.chain.names, modules))
 

@@ -4,9 +4,16 @@ Only the non-strided blocks of a pre-activation ResNet's third section are parti
 [3, 4, 23, 3] ResNet-101, blocks s3b1..s3b22); every other layer is shared by all sub-networks. A
 round's partition is a random permutation of those blocks cut into S contiguous slices, drawn from
 (seed, round) alone, so every worker and every restart derives the same one without communication.
+
+The paper's A.1 ablation ("naive": "evenly splits all convolutional blocks between subnetworks") is
+``scope='every_section'``: every block a sub-network can skip, i.e. every block whose output has its input's
+shape (a block that changes the shape, the first of a section, cannot be dropped and stays shared), in one
+group per run of identical blocks of a section, each group dealt out to the S workers on its own.
 """
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxdecouple.models import Model
@@ -33,6 +40,41 @@ def partitioned_blocks(model: Model) -> tuple[str, ...]:
   return names
 
 
+SCOPES = ('third_section', 'every_section')
+
+
+def partitioned_groups(model: Model, scope: str = 'third_section') -> tuple[tuple[str, ...], ...]:
+  """The partitioned blocks in groups of identical, contiguous blocks (each group dealt out on its own and
+  stored in its own slots): ResIST's third section (one group), or with ``scope='every_section'`` (A.1's
+  naive partition) every block whose output has its input's shape, one group per run of such identical
+  blocks within a section, in chain order."""
+  if scope == 'third_section':
+    return (partitioned_blocks(model),)
+  if scope != 'every_section':
+    raise ValueError(f'partition scope {scope!r}: one of {", ".join(SCOPES)}')
+  modules = dict(zip(model.chain.names, model.chain.modules))
+  kinds = (PreActBlock, BasicBlock) if model.name.startswith('postact') else (PreActBlock,)
+  x = jax.ShapeDtypeStruct((1, 32, 32, 3), jnp.float32)
+  groups: list[list[str]] = []
+  last = None  # (section, module) of the group being built
+  for name, module in zip(model.chain.names, model.chain.modules):
+    variables = jax.eval_shape(lambda x, m=module: m.init(jax.random.key(0), x, train=False), x)
+    y = jax.eval_shape(lambda v, x, m=module: m.apply(v, x, train=False), variables, x)
+    if name in model.sections and isinstance(module, kinds) and y.shape == x.shape:
+      here = (model.sections[name][0], module)
+      if here == last:
+        groups[-1].append(name)
+      else:
+        groups.append([name])
+      last = here
+    else:
+      last = None
+    x = y
+  if not groups:
+    raise ValueError(f'{model.name} has no pre-activation block that keeps its input\'s shape to partition')
+  return tuple(tuple(g) for g in groups)
+
+
 def slice_sizes(num_blocks: int, num_workers: int) -> list[int]:
   """Sizes of the S contiguous slices of the permutation: as equal as possible, larger ones first
   (22 blocks: S=2 11,11; S=4 6,6,5,5; S=8 3,3,3,3,3,3,2,2)."""
@@ -41,17 +83,19 @@ def slice_sizes(num_blocks: int, num_workers: int) -> list[int]:
 
 
 def draw_partition(num_blocks: int, num_workers: int, seed: int, round_index: int,
-                   min_depth: int = 0) -> np.ndarray:
+                   min_depth: int = 0, group: int = 0, allow_idle: bool = False) -> np.ndarray:
   """Membership of round ``round_index``: a (S, num_blocks) bool array, row w = worker w's blocks.
 
   A random permutation of the blocks cut into S contiguous slices, so each block has exactly one
   owner; with ``min_depth`` m, a worker with fewer than m blocks gets random extra blocks (not already
-  its own) until it has m, so blocks may then be shared. Depends only on its arguments.
+  its own) until it has m, so blocks may then be shared. ``group`` > 0 draws another group's partition
+  from its own stream (the naive partition's sections); ``allow_idle``: a group with fewer blocks than
+  workers leaves some workers without one. Depends only on its arguments.
   """
-  if num_workers > num_blocks and min_depth == 0:
+  if num_workers > num_blocks and min_depth == 0 and not allow_idle:
     raise ValueError(f'{num_workers} workers but only {num_blocks} partitioned blocks: some workers '
                      'would get none (set a minimum depth or use fewer workers)')
-  rng = np.random.default_rng([seed, round_index, 0x5E515])
+  rng = np.random.default_rng([seed, round_index, 0x5E515, *([group] if group else [])])
   order = rng.permutation(num_blocks)
   member = np.zeros((num_workers, num_blocks), bool)
   start = 0
