@@ -138,11 +138,11 @@ def test_profile_records_stage_times_and_traffic(workdir):
 
 
 @pytest.mark.parametrize('method,kw', [('fdg', {'pipeline.split': 's1b1', 'pipeline.num_stages': 2}),
-                                       ('fdg', {'pipeline.num_stages': 3, 'pipeline.keep': 'recompute'}),
-                                       ('bp', {})])
+                                       ('fdg', {'pipeline.num_stages': 3, 'pipeline.keep': 'recompute'})])
 def test_scanned_blocks_train_like_unrolled_ones(method, kw, tmp_path):
   """ResNet-20 with its runs of identical blocks scanned (config.scan_blocks=2; the first split cuts inside
-  the run s1b0..s1b2) trains to the unrolled run's parameters; the first case also resumes exactly."""
+  the run s1b0..s1b2) trains to the unrolled run's parameters; the first case also resumes exactly. (BP's
+  whole-model gradient through scanned runs: tests/test_models.py::test_scanned_runs_give_the_unrolled_numbers.)"""
   from jaxdecouple.models import relayout
   resume = kw.get('pipeline.split') == 's1b1'
   config = lambda steps, scan: tiny_config(method=method, model='resnet20', max_steps=steps, scan_blocks=scan,

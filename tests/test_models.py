@@ -125,6 +125,11 @@ def test_scanned_runs_give_the_unrolled_numbers():
   np.testing.assert_allclose(y_scan, y_plain, rtol=1e-5, atol=1e-5)
   assert_trees_equal(relayout([{'batch_stats': s_scan}], plain.chain, shape), {'batch_stats': s_plain},
                      rtol=1e-5, atol=1e-6)
+  # BP's gradient through the scanned runs is the unrolled one (what one whole-model training step uses)
+  grad = lambda m, v: jax.jit(jax.grad(lambda p, x: jnp.mean(m.chain.apply({**v, 'params': p}, x, train=True)[0] ** 2)))(
+      v['params'], x)
+  assert_trees_equal(relayout([{'params': grad(scanned, v_scan)}], plain.chain, shape),
+                     {'params': grad(plain, v_plain)}, rtol=1e-4, atol=1e-6)
   # A cut inside a run: each stage gets its part of the stack; the stages compose to the whole model.
   first, second = scanned.cut([2])  # stem, s1b0 | s1b1..s3b2, head
   p1 = relayout([v_scan], first, shape)

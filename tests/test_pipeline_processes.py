@@ -76,7 +76,8 @@ def test_every_pipeline_method_over_two_processes_matches_one_process(tmp_path):
   JPEGs, which only stage 0's process reads."""
   from jaxdecouple.data.imagenet import write_fake_folder
   ENV['STREAM_FOLDER'] = write_fake_folder(str(tmp_path / 'jpegs'))
-  runs = [f'{m}:{m}:2:6' for m in ('fdg', 'adl', 'ddg', 'fr', 'dgl')] + ['fdg_stream:fdg:2:4']
+  # 4 steps: twice the pipeline's fill at K = 2 (stage 0's gradients are 2(K - 1) = 2 steps old)
+  runs = [f'{m}:{m}:2:4' for m in ('fdg', 'adl', 'ddg', 'fr', 'dgl')] + ['fdg_stream:fdg:2:4']
   procs = start(tmp_path, 1, runs)
   one_process(tmp_path, 2, runs)
   codes, logs = finish(procs)
