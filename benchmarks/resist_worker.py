@@ -64,7 +64,7 @@ def main(argv=None):
   c.replica.num_workers, c.replica.min_depth, c.replica.num_devices = args.workers, args.min_depth, 1
   ds = load_dataset(c.data, c.dataset)
   engines = {}
-  for skip in ('gather', 'cond'):
+  for skip in ('gather', 'cond') if args.with_cond else ('gather',):
     c.replica.skip = skip
     engines[skip] = METHODS['resist'](build_setup(c, ds)).engine
   c.replica.skip, c.replica.min_depth = 'gather', len(engines['gather'].partitioned)
