@@ -59,6 +59,18 @@ def test_minimum_depth_pads_short_sub_networks():
   assert draw_partition(22, 8, 0, 0, min_depth=4).sum() > 22  # so some blocks are shared
 
 
+def test_a_section_with_fewer_blocks_than_workers_goes_to_random_workers():
+  """The naive partition deals each section on its own: a lone block (s1b0 of preact_tiny) or two blocks among
+  four workers land on random workers each round, each block on exactly one."""
+  owners = {int(np.flatnonzero(draw_partition(1, 4, 0, r, group=1, allow_idle=True)[:, 0])[0]) for r in range(40)}
+  assert owners == {0, 1, 2, 3}
+  for r in range(5):
+    m = draw_partition(2, 4, 0, r, group=2, allow_idle=True)
+    assert (m.sum(axis=0) == 1).all() and m.sum(axis=1).max() == 1
+  with pytest.raises(ValueError, match='some workers'):  # the third section's partition refuses idle workers
+    draw_partition(2, 4, 0, 0)
+
+
 # --- a sequential reference -----------------------------------------------------------------------
 
 def reference_replica(config, steps, partition=True, average=True, redraw=True, warmup=0, sections=None):

@@ -90,7 +90,8 @@ def draw_partition(num_blocks: int, num_workers: int, seed: int, round_index: in
   owner; with ``min_depth`` m, a worker with fewer than m blocks gets random extra blocks (not already
   its own) until it has m, so blocks may then be shared. ``group`` > 0 draws another group's partition
   from its own stream (the naive partition's sections); ``allow_idle``: a group with fewer blocks than
-  workers leaves some workers without one. Depends only on its arguments.
+  workers leaves some workers without one, and which workers get the larger slices is drawn too (else a
+  lone block would always go to worker 0). Depends only on its arguments.
   """
   if num_workers > num_blocks and min_depth == 0 and not allow_idle:
     raise ValueError(f'{num_workers} workers but only {num_blocks} partitioned blocks: some workers '
@@ -102,6 +103,8 @@ def draw_partition(num_blocks: int, num_workers: int, seed: int, round_index: in
   for w, size in enumerate(slice_sizes(num_blocks, num_workers)):
     member[w, order[start:start + size]] = True
     start += size
+  if allow_idle:
+    member = member[rng.permutation(num_workers)]
   for w in range(num_workers):
     short = min(min_depth, num_blocks) - int(member[w].sum())
     if short > 0:
