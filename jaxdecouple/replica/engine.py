@@ -199,6 +199,7 @@ class Replica:
       check_partitioned_run(self.chain, names)
       section = self.model.sections[names[0]][0]
       key = SLOTS if spec.scope == 'third_section' or section == 2 else f'{SLOTS}_s{section + 1}'
+      key = key if key not in {g.key for g in groups} else f'{key}_{len(groups)}'  # two runs in one section
       groups.append(Group(key, names, start, slot_count(len(names), spec.num_workers, spec.min_depth)))
       start += len(names)
     self.groups: tuple[Group, ...] = tuple(groups)
