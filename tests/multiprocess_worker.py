@@ -15,7 +15,7 @@ def replica_run_config():
   c.method, c.model, c.dataset, c.max_steps = 'resist', 'preact_tiny', 'cifar10', 5
   c.data.source, c.data.synthetic_train_size, c.data.synthetic_test_size = 'synthetic', 256, 64
   c.batch_size, c.eval_batch_size, c.num_epochs, c.optim.milestones = 32, 64, 2, (1,)
-  c.log_every_steps = c.checkpoint_every_steps = 4
+  c.log_every_steps, c.checkpoint_every_steps = 4, 0  # a checkpoint at the end (step 5), resumed below
   c.replica.num_workers, c.replica.local_steps, c.optim.learning_rate = 4, 2, 0.005
   return c
 

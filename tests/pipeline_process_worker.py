@@ -6,8 +6,9 @@ their stages spread over the processes, saving each run's final model.
 PROCESS_ID -1 runs the same alone, in one process with DEVICES devices: the reference (XLA:CPU's numbers
 depend on how many devices a process splits the cores into, so the reference is a process too).
 
-RUN is NAME:METHOD:K:STEPS[:die=P@S] (K: stages, or ResIST's workers) (die: process P kills itself right after its checkpoint at step S
-is written, as a crashed machine would). A NAME ending in _stream trains on streamed JPEGs (dataset
+RUN is NAME:METHOD:K:STEPS[:ckpt=N][:die=P@S] (K: stages, or ResIST's workers; ckpt: a checkpoint every N steps,
+else only at the end; die: process P kills itself right after its checkpoint at step S is written, as a crashed
+machine would). A NAME ending in _stream trains on streamed JPEGs (dataset
 imagenet) from the folder in $STREAM_FOLDER."""
 import os
 import signal
@@ -19,14 +20,14 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def pipeline_config(method: str, k: int, steps: int, stream: bool = False):
+def pipeline_config(method: str, k: int, steps: int, stream: bool = False, every: int = 0):
   """The run both sides compare (conftest is not imported here: it would ask for 4 CPU devices)."""
   from jaxdecouple.config import get_default_config
   c = get_default_config()
   c.method, c.model, c.dataset, c.max_steps = method, 'resnet8', 'cifar10', steps
   c.data.source, c.data.synthetic_train_size, c.data.synthetic_test_size = 'synthetic', 256, 64
   c.batch_size, c.eval_batch_size, c.num_epochs, c.optim.milestones = 16, 64, 2, (1,)
-  c.log_every_steps = c.checkpoint_every_steps = 2
+  c.log_every_steps, c.checkpoint_every_steps = 2, every
   c.pipeline.num_stages, c.optim.learning_rate = k, 0.05
   c.pipeline.beta = 1.0 if method == 'dgl' else 0.5
   if method == 'adl':
@@ -44,7 +45,8 @@ def main(process_id: int, port: int, workdir: str, out: str, runs: list[str]):
   from jaxdecouple.train import train_and_evaluate
   for spec in runs:
     name, method, k, steps, *extra = spec.split(':')
-    who, _, when = extra[0].removeprefix('die=').partition('@') if extra else ('', '', '')
+    options = dict(e.split('=') for e in extra)
+    who, _, when = options.get('die', '').partition('@')
     die_at = int(when) if who and int(who) == process_id else 0
     if die_at:
       save = Checkpointer.save
@@ -55,7 +57,8 @@ def main(process_id: int, port: int, workdir: str, out: str, runs: list[str]):
           self.wait()
           os.kill(os.getpid(), signal.SIGKILL)
       Checkpointer.save = save_then_die
-    config = pipeline_config(method, int(k), int(steps), stream=name.endswith('_stream'))
+    config = pipeline_config(method, int(k), int(steps), stream=name.endswith('_stream'),
+                             every=int(options.get('ckpt', 0)))
     if process_id >= 0:
       config.distributed.coordinator = f'127.0.0.1:{port}'
       config.distributed.num_processes, config.distributed.process_id = 2, process_id

@@ -104,19 +104,19 @@ def test_a_killed_process_and_a_sigterm_resume_exactly(tmp_path):
   restart and resume. Then a SIGTERM to process 1 alone stops both at the same step with a checkpoint,
   and a restart finishes. The end equals an uninterrupted run in one process."""
   steps, ckpt = 40, tmp_path / 'w' / 'r' / 'checkpoints'
-  procs = start(tmp_path, 1, [f'r:fdg:2:{steps}:die=1@4'])
+  procs = start(tmp_path, 1, [f'r:fdg:2:{steps}:ckpt=2:die=1@4'])
   assert procs[1].wait(timeout=300) == -signal.SIGKILL
   procs[0].kill()  # left waiting for its dead neighbour's messages
   procs[0].communicate()
   assert '4.npz' in os.listdir(ckpt / 'process_1')
 
-  procs = start(tmp_path, 1, [f'r:fdg:2:{steps}'])  # resumes at step 4 (the newest both processes have)
+  procs = start(tmp_path, 1, [f'r:fdg:2:{steps}:ckpt=2'])  # resumes at step 4 (the newest both processes have)
   stopped = sigterm_process_1_once(procs, str(ckpt / 'process_1' / '*.npz'), 10, 'r', tmp_path, steps)
   for i in range(2):
     assert f'{stopped}.npz' in os.listdir(ckpt / f'process_{i}')
 
-  procs = start(tmp_path, 1, [f'r:fdg:2:{steps}'], tag='end')
-  one_process(tmp_path, 2, [f'r:fdg:2:{steps}'])
+  procs = start(tmp_path, 1, [f'r:fdg:2:{steps}:ckpt=2'], tag='end')
+  one_process(tmp_path, 2, [f'r:fdg:2:{steps}:ckpt=2'])
   codes, logs = finish(procs)
   assert codes == [0, 0], logs
   assert_same(tmp_path / 'end0_r.npz', tmp_path / 'ref_r.npz')
@@ -129,7 +129,7 @@ def test_a_sigterm_to_one_resist_process_stops_both_at_one_step(tmp_path):
   waiting in a transfer or an all-reduce). (That a 2-process ResIST run resumes exactly from its
   checkpoints: tests/test_multiprocess.py.)"""
   steps, ckpt = 60, tmp_path / 'w' / 'rs' / 'checkpoints'
-  procs = start(tmp_path, 1, [f'rs:resist:2:{steps}'])
+  procs = start(tmp_path, 1, [f'rs:resist:2:{steps}:ckpt=2'])
   stopped = sigterm_process_1_once(procs, str(ckpt / 'checksums' / '*.process_1.json'), 6, 'rs', tmp_path, steps)
   for i in range(2):
     assert os.path.exists(ckpt / 'checksums' / f'{stopped}.process_{i}.json')

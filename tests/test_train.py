@@ -88,7 +88,7 @@ KILLED_RUN = textwrap.dedent('''
       time.sleep(0.15)  # slow enough for the parent to kill it mid-run
       return original(self, state, batch, step)
     BP.step = slow_step
-    train_and_evaluate(tiny_config(), {workdir!r})
+    train_and_evaluate(tiny_config(checkpoint_every_steps=4), {workdir!r})
 ''')
 
 
@@ -105,8 +105,8 @@ def test_killed_run_resumes_exactly(workdir, tmp_path):
   proc.wait()
   steps = sorted(int(d) for d in os.listdir(ckpt) if d.isdigit())
   assert steps and max(steps) < 16, f'the run was not killed mid-way: {steps}'
-  resumed = train_and_evaluate(tiny_config(), workdir)
-  whole = train_and_evaluate(tiny_config(), str(tmp_path / 'whole'))
+  resumed = train_and_evaluate(tiny_config(checkpoint_every_steps=4), workdir)
+  whole = train_and_evaluate(tiny_config(checkpoint_every_steps=4), str(tmp_path / 'whole'))
   assert resumed.step == whole.step == 16
   assert_trees_equal(resumed.state, whole.state)
 
@@ -117,7 +117,7 @@ def test_killed_run_resumes_exactly(workdir, tmp_path):
 def test_damaged_latest_checkpoint_falls_back_to_the_previous(damage, workdir, tmp_path, caplog):
   """Truncated files fail to restore; a few garbage bytes in the biggest data file restore without an
   error (orbax does not verify content), and only the checksums written with the step catch them."""
-  first = train_and_evaluate(tiny_config(max_steps=12), workdir)  # checkpoints at 8 and 12
+  first = train_and_evaluate(tiny_config(max_steps=12, checkpoint_every_steps=4), workdir)  # at 8 and 12 kept
   latest = os.path.join(workdir, 'checkpoints', '12')
   chunks = [os.path.join(d, f) for d, _, files in os.walk(latest) for f in files if d.endswith('/d')]
   if damage == 'truncated':
@@ -129,13 +129,13 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(damage, workdir, t
     with open(biggest, 'r+b') as fh:
       fh.seek(os.path.getsize(biggest) // 2)
       fh.write(b'\xff\x7f\xc0\x7f garbage')
-  resumed = train_and_evaluate(tiny_config(), workdir)
+  resumed = train_and_evaluate(tiny_config(checkpoint_every_steps=4), workdir)
   warnings = [r.getMessage() for r in caplog.records if 'damaged' in r.getMessage()]
   assert warnings and (damage == 'truncated' or 'differs from its checksums' in warnings[0]), warnings
   assert os.path.isdir(latest + '.damaged') and os.path.isdir(latest)  # kept aside, then rewritten
   if damage == 'truncated':  # the resumed run's numbers: checked once, below, where only checksums can tell
     return
-  whole = train_and_evaluate(tiny_config(), str(tmp_path / 'whole'))
+  whole = train_and_evaluate(tiny_config(checkpoint_every_steps=4), str(tmp_path / 'whole'))
   assert_trees_equal(resumed.state, whole.state)
   del first
 
@@ -191,7 +191,7 @@ def test_sigterm_saves_a_checkpoint_and_resumes_exactly(workdir, tmp_path, signa
   50 ms apart save once and stop once (the handler stays until the checkpoint is written), as one does."""
   script = tmp_path / 'run.py'
   script.write_text(KILLED_RUN.format(root=ROOT, tests=os.path.join(ROOT, 'tests'), workdir=workdir)
-                    .replace('tiny_config()', 'tiny_config(checkpoint_every_steps=0)'))
+                    .replace('checkpoint_every_steps=4', 'checkpoint_every_steps=0'))
   proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
   metrics = os.path.join(workdir, 'metrics.jsonl')
@@ -292,9 +292,9 @@ def test_no_space_for_a_checkpoint_stops_with_one_error_and_keeps_the_earlier_on
   monkeypatch.setattr(checkpoint.Checkpointer, 'save', save)
   with pytest.raises(CheckpointError, match=r'not enough disk space for the checkpoint at step 8 .* 1 MiB free, '
                                             r'about \d+ MiB needed.*resume from step 4'):
-    train_and_evaluate(tiny_config(), workdir)
+    train_and_evaluate(tiny_config(checkpoint_every_steps=4), workdir)
   monkeypatch.setattr(checkpoint.shutil, 'disk_usage', real)
-  assert train_and_evaluate(tiny_config(), workdir).step == 16
+  assert train_and_evaluate(tiny_config(checkpoint_every_steps=4), workdir).step == 16
 
 
 def test_a_failed_checkpoint_write_exits_promptly_with_one_line(workdir):
