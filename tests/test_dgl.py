@@ -74,10 +74,16 @@ def reference_dgl(config, steps, send_after_update=False):
   return ref.variables(), [tuple(h) for h in heads]
 
 
+@pytest.fixture(scope='module')
+def dgl_k2(tmp_path_factory):
+  """K = 2: trained once, compared against the reference and against a wrong one."""
+  return train_and_evaluate(dgl_config(2), str(tmp_path_factory.mktemp('dgl') / 'run'))
+
+
 @pytest.mark.parametrize('k', [2, 3])
-def test_dgl_matches_the_sequential_reference(k, workdir):
+def test_dgl_matches_the_sequential_reference(k, workdir, request):
   config = dgl_config(k)
-  result = train_and_evaluate(config, workdir)
+  result = request.getfixturevalue('dgl_k2') if k == 2 else train_and_evaluate(config, workdir)
   assert result.step == 3
   variables, heads = reference_dgl(config, 3)
   assert_trees_close(result.variables, variables, tol=5e-4)
@@ -86,9 +92,8 @@ def test_dgl_matches_the_sequential_reference(k, workdir):
   assert not result.state.stages[-1].aux
 
 
-def test_the_comparison_is_sharp(workdir):
-  config = dgl_config(2)
-  result = train_and_evaluate(config, workdir)
+def test_the_comparison_is_sharp(dgl_k2):
+  config, result = dgl_config(2), dgl_k2
   with pytest.raises(AssertionError):
     assert_trees_close(result.variables, reference_dgl(config, 3, send_after_update=True)[0], tol=5e-4)
 

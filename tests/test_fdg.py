@@ -61,17 +61,23 @@ def reference_fdg(config, steps):
   return ref.variables()
 
 
+@pytest.fixture(scope='module')
+def fdg_k2(tmp_path_factory):
+  """K = 2, beta 0.5: trained once, compared against the reference and against a wrong one."""
+  return train_and_evaluate(reference_config(2, beta=0.5), str(tmp_path_factory.mktemp('fdg') / 'run'))
+
+
 @pytest.mark.parametrize('k', [2, 3, 4])
-def test_fdg_matches_the_sequential_reference(k, workdir):
+def test_fdg_matches_the_sequential_reference(k, workdir, request):
   config = reference_config(k, beta=0.5)
-  result = train_and_evaluate(config, workdir)
+  result = request.getfixturevalue('fdg_k2') if k == 2 else train_and_evaluate(config, workdir)
   assert result.step == 12
   assert_trees_close(result.variables, reference_fdg(config, 12), tol=5e-4)
 
 
-def test_the_comparison_is_sharp(workdir):
+def test_the_comparison_is_sharp(fdg_k2):
   """The tolerance above separates FDG from a reference whose beta differs by only 0.1."""
-  result = train_and_evaluate(reference_config(2, beta=0.5), workdir)
+  result = fdg_k2
   with pytest.raises(AssertionError):
     assert_trees_close(result.variables, reference_fdg(reference_config(2, beta=0.6), 12), tol=5e-4)
 

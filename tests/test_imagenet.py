@@ -267,8 +267,10 @@ def test_evaluator_top1_top5_against_numpy():
 
 # --- training -----------------------------------------------------------------------------------
 
-# bp: the tfds, ImageNet-V2 and damaged-image tests; fdg and resist: the resume tests below
-@pytest.mark.parametrize('method', ['dp', 'adl', 'ddg', 'fr', 'dgl', 'localsgd', 'ensemble'])
+# bp: the tfds, ImageNet-V2 and damaged-image tests; fdg and resist: the resume tests below. ADL reads its
+# data as FDG does (it is FDG with accumulation) and FR as DDG does (DDG plus the replayed statistics): both
+# train from a folder across processes in tests/test_pipeline_processes.py.
+@pytest.mark.parametrize('method', ['dp', 'ddg', 'dgl', 'localsgd', 'ensemble'])
 def test_every_method_trains_from_a_folder(folder, tmp_path, method):
   kw = {'method': method, 'max_steps': 3, 'num_epochs': 1, 'pipeline.num_stages': 2, 'replica.num_workers': 2,
         'replica.local_steps': 2, 'dp.num_devices': 2}
