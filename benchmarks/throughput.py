@@ -51,7 +51,8 @@ def parse_args(argv=None):
   p.add_argument('--keep', default='vjp', choices=['vjp', 'recompute'], help='what pipeline stages keep')
   p.add_argument('--accumulation', type=int, default=2, help='adl: gradients accumulated per update (M)')
   p.add_argument('--local_steps', type=int, default=50, help='replica methods: iterations between averagings')
-  p.add_argument('--warmup', type=int, default=8, help='untimed iterations (compilation, pipeline fill)')
+  p.add_argument('--warmup', type=int, default=8, help='untimed iterations (compilation, pipeline fill); '
+                 'lengthened to the pipeline fill plus an accumulation cycle, or a replica round, where longer')
   p.add_argument('--iters', type=int, default=10, help='timed iterations')
   p.add_argument('--rounds', type=int, default=1,
                  help='time the runs in R interleaved rounds of --iters iterations each (all runs built '
@@ -116,9 +117,23 @@ class _Run:
     order = TrainOrder(len(ds.x_train), c.batch_size, c.seed)
     self.batch = lambda t: self.m.train_batch(ds.x_train, ds.y_train, order, t)
     self.state, self.t, self.times = self.m.init(jax.random.key(0), self.batch(0)), 0, []
-    for _ in range(args.warmup):
+    self.warmup = max(args.warmup, self.steady_from())
+    for _ in range(self.warmup):
       self.step()
     jax.block_until_ready(self.state)
+
+  def steady_from(self) -> int:
+    """The first iteration from which every iteration runs programs already compiled: after a pipeline's
+    fill and every stage's first update, a full accumulation cycle in (ADL), and a replica method's first
+    round. A shorter --warmup is lengthened to it, so no timed iteration includes a compilation."""
+    pipeline = getattr(self.m, 'pipeline', None)
+    if pipeline is not None:
+      s = pipeline.schedule
+      return max(s.first_update(k) for k in range(s.num_stages)) + s.accumulation + 1
+    engine = getattr(self.m, 'engine', None)
+    if engine is not None and hasattr(engine, 'per_device'):
+      return engine.spec.local_steps + 1
+    return 1
 
   def step(self):
     self.state, _ = self.m.step(self.state, self.batch(self.t), self.t)
@@ -146,7 +161,7 @@ class _Run:
               'devices': self.n_dev if self.method != 'bp' else 1, 'seconds_per_iter': round(median, 5),
               'mean_seconds_per_iter': round(statistics.mean(self.times), 5),
               'images_per_sec': round(images / median, 1), 'backend': jax.default_backend(),
-              'device_kind': jax.devices()[0].device_kind}
+              'device_kind': jax.devices()[0].device_kind, 'warmup': self.warmup}
     if replica:
       record['workers'], record['devices'] = self.k, int(engine.mesh.devices.size)
       record['images_per_iter'] = images

@@ -36,6 +36,9 @@ def test_throughput_reports_every_kind_of_method(capsys):
   assert len(fdg['stage_seconds']) == 2 and fdg['predicted_speedup_on_k_devices'] >= 1
   assert resist['images_per_iter'] == 16 and resist['workers'] == 2 and resist['devices'] == 2
   assert resist['worker_seconds'] == resist['seconds_per_iter']  # one worker per device
+  # --warmup=2 lengthened so that nothing timed compiles: FDG K = 2 fills for 2 iterations, stage 0 first
+  # updates at iteration 2, one more for the steady state; ResIST's first round ends after 2 local steps
+  assert [r['warmup'] for r in records] == [2, 4, 3]
   out = capsys.readouterr().out
   assert '| resist | 2 | 2 |' in out and 'predicted K-device speed-up' in out
   assert 'min-max over rounds' in out
