@@ -268,7 +268,7 @@ def test_evaluator_top1_top5_against_numpy():
 # --- training -----------------------------------------------------------------------------------
 
 # bp: the tfds, ImageNet-V2 and damaged-image tests; fdg and resist: the resume tests below. ADL reads its
-# data as FDG does (it is FDG with accumulation) and FR as DDG does (DDG plus the replayed statistics): both
+# data as FDG does (it is FDG with accumulation) and FR as DDG does (they differ only in the replay): both
 # train from a folder across processes in tests/test_pipeline_processes.py.
 @pytest.mark.parametrize('method', ['dp', 'ddg', 'dgl', 'localsgd', 'ensemble'])
 def test_every_method_trains_from_a_folder(folder, tmp_path, method):
