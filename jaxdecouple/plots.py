@@ -20,27 +20,31 @@ from jaxdecouple.writers import read_metrics
 
 
 def learning_curves(workdir: str) -> dict[str, list[float]]:
-  """Per-epoch curves of one run: ``epoch``, ``test_error`` (%), ``train_loss`` and ``train_seconds`` (the
-  training time up to that evaluation: compilation, evaluations and diagnostics not counted).
+  """Per-epoch curves of one run: ``epoch``, ``test_error`` (%), ``train_loss``, ``train_error`` (%) and
+  ``train_seconds`` (the training time up to that evaluation: compilation, evaluations and diagnostics not
+  counted).
 
-  A resumed run may log a step twice; the last record of each step wins. Training loss is the mean
-  of the training records logged during each epoch, matched to that epoch's evaluation.
+  A resumed run may log a step twice; the last record of each step wins. Training loss and error are the
+  means of the training records logged during each epoch, matched to that epoch's evaluation (on augmented
+  images, BatchNorm in training mode, the parameters moving: a training-time figure, not a second test).
   """
   records: dict[tuple[str, int], dict] = {}
   for r in read_metrics(workdir):
     records[(r['kind'], r['step'])] = r
   evals = sorted((r for (kind, _), r in records.items() if kind == 'eval'), key=lambda r: r['step'])
   train = sorted((r for (kind, _), r in records.items() if kind == 'train'), key=lambda r: r['step'])
-  curves = {'epoch': [], 'test_error': [], 'train_loss': [], 'train_seconds': []}
+  curves = {'epoch': [], 'test_error': [], 'train_loss': [], 'train_error': [], 'train_seconds': []}
+  mean = lambda values: sum(values) / len(values) if values else math.nan
   previous, seconds = 0, 0.0
   for e in evals:
     seconds += e.get('epoch_time_s', math.nan)
     curves['train_seconds'].append(seconds)
-    losses = [r['train_loss'] for r in train if previous < r['step'] <= e['step']
-              and isinstance(r.get('train_loss'), (int, float))]
+    epoch = [r for r in train if previous < r['step'] <= e['step']]
+    number = lambda key: [r[key] for r in epoch if isinstance(r.get(key), (int, float))]
     curves['epoch'].append(e['epoch'])
     curves['test_error'].append(100.0 * (1.0 - e['test_accuracy']))
-    curves['train_loss'].append(sum(losses) / len(losses) if losses else math.nan)
+    curves['train_loss'].append(mean(number('train_loss')))
+    curves['train_error'].append(100.0 * (1.0 - mean(number('train_accuracy'))))
     previous = e['step']
   return curves
 

@@ -1,5 +1,6 @@
 """The plotting helper: per-epoch curves from metrics.jsonl, labels from config.json, a PNG."""
 import json
+import math
 import os
 
 import pytest
@@ -18,7 +19,8 @@ def fake_run(workdir, records, config):
 def test_curves_average_training_loss_per_epoch_and_dedupe_resumed_steps(tmp_path):
   wd = str(tmp_path / 'run')
   fake_run(wd, [
-      {'kind': 'train', 'step': 5, 'train_loss': 2.0}, {'kind': 'train', 'step': 10, 'train_loss': 1.0},
+      {'kind': 'train', 'step': 5, 'train_loss': 2.0, 'train_accuracy': 0.4},
+      {'kind': 'train', 'step': 10, 'train_loss': 1.0, 'train_accuracy': 0.6},
       {'kind': 'eval', 'step': 10, 'epoch': 1.0, 'test_accuracy': 0.6},
       {'kind': 'train', 'step': 15, 'train_loss': 0.9},  # killed here, resumed from step 10:
       {'kind': 'train', 'step': 15, 'train_loss': 0.8}, {'kind': 'train', 'step': 20, 'train_loss': 0.4},
@@ -28,6 +30,7 @@ def test_curves_average_training_loss_per_epoch_and_dedupe_resumed_steps(tmp_pat
   assert curves['epoch'] == [1.0, 2.0]
   assert curves['test_error'] == pytest.approx([40.0, 25.0])
   assert curves['train_loss'] == pytest.approx([1.5, 0.6])
+  assert curves['train_error'][0] == pytest.approx(50.0) and math.isnan(curves['train_error'][1])  # not logged
   assert run_label(wd) == 'FDG K=2 beta=0.5'
 
 

@@ -113,6 +113,29 @@ def test_gaps_pair_seeds_and_checks_decide(tmp_path):
   assert study_lib.STUDIES['cpu_fmnist']().columns[:2] == ['BP', 'FDG beta=1']
 
 
+def test_train_error_table_reads_each_runs_last_epoch(tmp_path):
+  """Study(train_error=True): the last epoch's training error (the mean of its training records) and the
+  test error minus it, medians over the finished seeds."""
+  from jaxdecouple.study.report import _train_error
+  runs = [study_lib.Run('A', 'BP', seed, build=None) for seed in (0, 1, 2)]
+  workdir = str(tmp_path)
+  for seed, (train_acc, test_acc) in enumerate([((0.5, 0.7, 0.9), 0.8), ((0.6, 0.8, 0.8), 0.7)]):  # seed 2 unfinished
+    folder = study_lib.run_dir(workdir, runs[seed])
+    os.makedirs(folder)
+    records = [{'kind': 'train', 'step': 1, 'train_loss': 1.0, 'train_accuracy': train_acc[0]},
+               {'kind': 'eval', 'step': 1, 'epoch': 1.0, 'test_accuracy': 0.5},
+               {'kind': 'train', 'step': 2, 'train_loss': 1.0, 'train_accuracy': train_acc[1]},
+               {'kind': 'train', 'step': 3, 'train_loss': 1.0, 'train_accuracy': train_acc[2]},
+               {'kind': 'eval', 'step': 3, 'epoch': 2.0, 'test_accuracy': test_acc}]
+    with open(os.path.join(folder, 'metrics.jsonl'), 'w') as f:
+      f.writelines(json.dumps(r) + '\n' for r in records)
+    with open(os.path.join(folder, 'finished.json'), 'w') as f:
+      json.dump({'test_accuracy': test_acc}, f)
+  # last epoch: train errors 20% (seed 0) and 20% (seed 1); test errors 20% and 30%: test - train 0 and +10
+  lines = _train_error(study_lib.Study('t', 'T', 'd', 'r', tuple(runs), train_error=True), workdir)
+  assert lines[2] == '| row | BP | test - train |' and lines[4] == '| A | 20.00 | +5.00 |'
+
+
 def test_a_machine_recorded_without_its_cpu_name_is_listed_once():
   base = {'platform': 'cpu', 'device': 'cpu', 'devices': 1, 'cpu_count': 2, 'jax': '0.10.2', 'python': '3.11.7'}
   epyc, bare, other = {**base, 'cpu': 'AMD EPYC'}, {**base, 'cpu': 'x86_64'}, {**base, 'cpu_count': 8, 'cpu': 'x86_64'}

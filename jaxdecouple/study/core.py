@@ -70,6 +70,7 @@ class Study:
   baselines: tuple[str, ...] = ('BP', 'local SGD')  # each row's gaps are to the first of these it has
   column_order: tuple[str, ...] = ()  # the table's columns; default: in the order the runs first name them
   best_accuracy: bool = False  # also each run's best test accuracy, mean and std over seeds (ResIST's way)
+  train_error: bool = False  # also the last epoch's training error beside the test error (underfit or not)
 
   @property
   def needs_data_path(self) -> bool:

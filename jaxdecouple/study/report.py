@@ -176,6 +176,28 @@ def _levelling(study: Study, workdir: str) -> list[str]:
   return lines + ['']
 
 
+def _train_error(study: Study, workdir: str) -> list[str]:
+  """The last epoch's training error beside its test error: a network whose two errors are close underfits,
+  and there a method that optimises less well shows its loss in the test error too."""
+  from jaxdecouple.plots import learning_curves
+  lines = ['Training error (%) in the last epoch (the mean of the training records logged in it: augmented '
+           'images, BatchNorm in training mode, the parameters moving), then the test error minus it (points); '
+           'medians over the finished seeds. A network whose two errors are close underfits: there a method '
+           'that optimises less well loses test accuracy too.', '',
+           '| row | ' + ' | '.join(f'{c} | test - train' for c in study.columns) + ' |',
+           '|' + '---|' * (1 + 2 * len(study.columns))]
+  for row in study.rows:
+    finished, cells = _finished_by_column(study, workdir, row), [row]
+    for col in study.columns:
+      curves = [learning_curves(run_dir(workdir, r)) for r in finished.get(col, [])]
+      train = [c['train_error'][-1] for c in curves]
+      cells += ([f'{statistics.median(train):.2f}',
+                 f"{statistics.median(c['test_error'][-1] - c['train_error'][-1] for c in curves):+.2f}"]
+                if curves else ['-', '-'])
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  return lines + ['']
+
+
 def _time_to_target(study: Study, workdir: str) -> list[str]:
   """Per row, the training seconds each column took to reach the row's target error: the highest of the
   columns' median final errors, which every column reaches."""
@@ -280,7 +302,8 @@ def report(study: Study, workdir: str, results_path: str, figures_dir: str, comm
     lines += _best_accuracy(study, workdir)
   lines += _other_accuracies(study, workdir)
   if done:
-    lines += _levelling(study, workdir) + _time_to_target(study, workdir)
+    lines += _levelling(study, workdir) + (_train_error(study, workdir) if study.train_error else []) \
+        + _time_to_target(study, workdir)
   return '\n'.join(lines + _figures(study, workdir, results_path, figures_dir))
 
 

@@ -40,7 +40,7 @@ def study() -> Study:
       "cut by the balanced split; beta 0.3 at K=4 is the paper's choice for ResNet-56 (configs/fdg_resnet56_k4.py). "
       "The paper's numbers are for ResNet-56 after 300 epochs: compare gaps, not errors",
       tuple(runs), needs=CIFAR10_FILE, column_order=('BP', 'FDG beta=1', 'FDG beta=0.5', 'FDG beta=0.3', 'DGL'),
-      claims=(
+      train_error=True, claims=(
           Claim(f'FDG beta=1 at K=2 within 0.3 points of BP (the paper, ResNet-56: {fdg_gap(p2, "FDG beta=1")})',
                 'FDG beta=1', (k2,), 0.3),
           Claim(f'FDG beta=0.5 at K=2 within 0.3 points of BP (the paper, ResNet-56: {fdg_gap(p2, "FDG beta=0.5")})',

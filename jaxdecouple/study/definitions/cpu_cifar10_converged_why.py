@@ -29,7 +29,7 @@ def study() -> Study:
       f"cpu_cifar10_converged's recipe and workdir ({main.EPOCHS} epochs; its ResNet-8 BP and FDG beta=1 runs are "
       f'shown again, not rerun), and the same on ResNet-14 (6 residual blocks against 3, cut by the balanced '
       f'split). The paper\'s gap of FDG beta=1 to BP at K=2 shrinks with depth: {paper}',
-      tuple(runs), needs=CIFAR10_FILE, column_order=('BP', 'FDG beta=1'), claims=(
+      tuple(runs), needs=CIFAR10_FILE, column_order=('BP', 'FDG beta=1'), train_error=True, claims=(
           Claim(f"FDG beta=1's gap to BP at K=2 is smaller on ResNet-14 than on ResNet-8 (the paper: {paper})",
                 'FDG beta=1', (deeper, row)),
           Claim('FDG beta=1 at K=2 within 0.3 points of BP on ResNet-14', 'FDG beta=1', (deeper,), 0.3)))
