@@ -107,23 +107,32 @@ def _finished_by_column(study: Study, workdir: str, row: str) -> dict[str, list[
   return finished
 
 
+def _curves_table(study: Study, workdir: str, intro: str, headers: Sequence[str], cells) -> list[str]:
+  """A table of one line per row of the study and, per column, ``len(headers)`` cells (headers[0] is the
+  column's name, the rest are appended to it) made by ``cells(row, column, curves)`` from the learning curves
+  of that cell's finished runs (empty when none finished)."""
+  from jaxdecouple.plots import learning_curves
+  lines = [intro, '', '| row | ' + ' | '.join(' | '.join([c, *headers[1:]]) for c in study.columns) + ' |',
+           '|' + '---|' * (1 + len(headers) * len(study.columns))]
+  for row in study.rows:
+    finished, line = _finished_by_column(study, workdir, row), [row]
+    for col in study.columns:
+      line += cells(row, col, [learning_curves(run_dir(workdir, r)) for r in finished.get(col, [])])
+    lines.append('| ' + ' | '.join(line) + ' |')
+  return lines + ['']
+
+
 def _best_accuracy(study: Study, workdir: str) -> list[str]:
   """The ResIST paper's way: each run's best test accuracy over its evaluations, mean and standard
   deviation over the seeds."""
-  from jaxdecouple.plots import learning_curves
-  lines = ["Best test accuracy (%) over each run's evaluations, mean ± standard deviation over the finished "
-           "seeds (the ResIST paper's way), the paper's accuracy beside it:", '',
-           '| row | ' + ' | '.join(f'{c} | paper' for c in study.columns) + ' |',
-           '|' + '---|' * (1 + 2 * len(study.columns))]
-  for row in study.rows:
-    finished, cells = _finished_by_column(study, workdir, row), [row]
-    for col in study.columns:
-      best = [100 - min(learning_curves(run_dir(workdir, r))['test_error']) for r in finished.get(col, [])]
-      cells.append('-' if not best else f'{statistics.mean(best):.2f}'
-                   + (f' ± {statistics.stdev(best):.2f}' if len(best) > 1 else '') + f', n={len(best)}')
-      cells.append(f'{100 - study.paper[(row, col)]:.2f}' if (row, col) in study.paper else '-')
-    lines.append('| ' + ' | '.join(cells) + ' |')
-  return lines + ['']
+  def cells(row, col, curves):
+    best = [100 - min(c['test_error']) for c in curves]
+    return ['-' if not best else f'{statistics.mean(best):.2f}'
+            + (f' ± {statistics.stdev(best):.2f}' if len(best) > 1 else '') + f', n={len(best)}',
+            f'{100 - study.paper[(row, col)]:.2f}' if (row, col) in study.paper else '-']
+  return _curves_table(study, workdir, "Best test accuracy (%) over each run's evaluations, mean ± standard deviation "
+                       "over the finished seeds (the ResIST paper's way), the paper's accuracy beside it:",
+                       ('', 'paper'), cells)
 
 
 def _other_accuracies(study: Study, workdir: str) -> list[str]:
@@ -159,43 +168,30 @@ def _other_accuracies(study: Study, workdir: str) -> list[str]:
 
 def _levelling(study: Study, workdir: str) -> list[str]:
   """Whether training ran its course: each column's test error at the end minus at 80% of the epochs."""
-  from jaxdecouple.plots import learning_curves
-  lines = ['Levelled off? The test error at the last epoch minus the one at 80% of the epochs (points; median '
-           'over the finished seeds): near zero when the last 20% of the schedule no longer changes it.', '',
-           '| row | ' + ' | '.join(study.columns) + ' |', '|' + '---|' * (1 + len(study.columns))]
-  for row in study.rows:
-    finished, cells = _finished_by_column(study, workdir, row), [row]
-    for col in study.columns:
-      changes = []
-      for r in finished.get(col, []):
-        curves = learning_curves(run_dir(workdir, r))
-        at = next(i for i, e in enumerate(curves['epoch']) if e >= 0.8 * curves['epoch'][-1] - 1e-9)
-        changes.append(curves['test_error'][-1] - curves['test_error'][at])
-      cells.append(f'{statistics.median(changes):+.2f}' if changes else '-')
-    lines.append('| ' + ' | '.join(cells) + ' |')
-  return lines + ['']
+  def cells(row, col, curves):
+    changes = []
+    for c in curves:
+      at = next(i for i, e in enumerate(c['epoch']) if e >= 0.8 * c['epoch'][-1] - 1e-9)
+      changes.append(c['test_error'][-1] - c['test_error'][at])
+    return [f'{statistics.median(changes):+.2f}' if changes else '-']
+  return _curves_table(study, workdir, 'Levelled off? The test error at the last epoch minus the one at 80% of the '
+                       'epochs (points; median over the finished seeds): near zero when the last 20% of the schedule '
+                       'no longer changes it.', ('',), cells)
 
 
 def _train_error(study: Study, workdir: str) -> list[str]:
   """The last epoch's training error beside its test error: a network whose two errors are close underfits,
   and there a method that optimises less well shows its loss in the test error too."""
-  from jaxdecouple.plots import learning_curves
-  lines = ['Training error (%) in the last epoch (the mean of the training records logged in it: augmented '
-           'images, BatchNorm in training mode, the parameters moving), then the test error minus it (points); '
-           'medians over the finished seeds. A network whose two errors are close underfits: there a method '
-           'that optimises less well loses test accuracy too.', '',
-           '| row | ' + ' | '.join(f'{c} | test - train' for c in study.columns) + ' |',
-           '|' + '---|' * (1 + 2 * len(study.columns))]
-  for row in study.rows:
-    finished, cells = _finished_by_column(study, workdir, row), [row]
-    for col in study.columns:
-      curves = [learning_curves(run_dir(workdir, r)) for r in finished.get(col, [])]
-      train = [c['train_error'][-1] for c in curves]
-      cells += ([f'{statistics.median(train):.2f}',
-                 f"{statistics.median(c['test_error'][-1] - c['train_error'][-1] for c in curves):+.2f}"]
-                if curves else ['-', '-'])
-    lines.append('| ' + ' | '.join(cells) + ' |')
-  return lines + ['']
+  def cells(row, col, curves):
+    if not curves:
+      return ['-', '-']
+    return [f"{statistics.median(c['train_error'][-1] for c in curves):.2f}",
+            f"{statistics.median(c['test_error'][-1] - c['train_error'][-1] for c in curves):+.2f}"]
+  return _curves_table(study, workdir, 'Training error (%) in the last epoch (the mean of the training records logged '
+                       'in it: augmented images, BatchNorm in training mode, the parameters moving), then the test error '
+                       'minus it (points); medians over the finished seeds. A network whose two errors are close '
+                       'underfits: there a method that optimises less well loses test accuracy too.',
+                       ('', 'test - train'), cells)
 
 
 def _time_to_target(study: Study, workdir: str) -> list[str]:
