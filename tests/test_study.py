@@ -145,9 +145,14 @@ def test_a_machine_recorded_without_its_cpu_name_is_listed_once():
 
 def test_every_study_builds_valid_configs():
   from jaxdecouple.config import validate
+  from jaxdecouple.study.report import _row_baseline
   for name, make in study_lib.STUDIES.items():
     study = make()
     assert len({r.name for r in study.runs}) == len(study.runs), name
+    for claim in study.claims:  # the report shows each check (its rows have a baseline) and can decide it
+      for row in claim.rows:
+        assert _row_baseline(study, row) is not None, (name, claim.text, row)
+        assert any(r.in_row(row) and r.column == claim.baseline for r in study.runs), (name, claim.text, row)
     for run in study.runs:
       config = run.config('cifar10.npz' if study.needs_data_path else '')
       validate(config)

@@ -41,7 +41,7 @@ def study() -> Study:
       'blocks to their next owners) quantised to b bits (codes plus a float32 grid per tensor), or only the 25% '
       'largest in magnitude sent (values plus int32 indices); one seed per setting. The paper\'s numbers are for '
       'ResNet-101 after 160 epochs: compare the drop from uncompressed, not errors',
-      tuple(runs), paper, needs=CIFAR10_FILE, best_accuracy=True,
+      tuple(runs), paper, needs=CIFAR10_FILE, best_accuracy=True, baselines=('ResIST',),
       column_order=('ResIST', *(f'ResIST {name}' for name, _ in SETTINGS)), claims=(
           Claim('6-bit ResIST within 0.5 points of uncompressed ResIST (the paper: '
                 f'{RESIST["cifar10", WORKERS]["ResIST"] - RESIST_QUANTIZED["cifar10"][6]:+.2f})',
