@@ -34,7 +34,8 @@ def partitioned_blocks(model: Model) -> tuple[str, ...]:
                 if s == PARTITIONED_SECTION and i >= 1 and isinstance(modules[n], kinds))
   if len(names) < 1:
     hint = (f' ({model.name} is the CIFAR ResNet of depth 6n+2, post-activation; the ResIST paper\'s '
-            'ResNet-152 and ResNet-200 are preact152 and preact200, any third-section depth is preact_s3_N)') if model.name.startswith('resnet') else ''
+            'ResNet-152 and ResNet-200 are preact152 and preact200, any third-section depth is preact_s3_N)'
+            ) if model.name in ('resnet152', 'resnet200') else ''
     raise ValueError(f'{model.name} has no non-strided pre-activation blocks in its third section to '
                      f'partition; use a pre-activation ResNet (preact101, preact152, preact200, preact_s3_N, preact_tiny) or postact101{hint}')
   return names
