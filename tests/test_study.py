@@ -292,6 +292,28 @@ def test_results_regenerate_from_the_committed_records(tmp_path, monkeypatch):
       assert a.read() == b.read(), png
 
 
+def test_every_reading_quotes_figures_of_its_own_tables():
+  """A study's reading (typed by hand) quotes only figures that stand in the tables its section prints above
+  it in docs/RESULTS.md: when new runs move a median, the reading has to be read again."""
+  import re
+  from jaxdecouple.study.core import READING
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  committed = open(os.path.join(root, 'docs', 'RESULTS.md'), encoding='utf-8').read()
+  sections = dict(re.findall(r'<!-- study: (\S+) -->\n(.*?)(?=\n<!-- study: |\Z)', committed, re.S))
+  read = 0
+  for name, make in study_lib.STUDIES.items():
+    study = make()
+    if not study.reading:
+      continue
+    tables, printed = sections[name].split(READING)  # the section prints it (its runs have finished)
+    for paragraph in study.reading:
+      assert f'- {paragraph}' in printed
+      for figure in re.findall(r'[+-]?\d+\.\d+', paragraph):
+        assert re.search(rf'(?<![\d.]){re.escape(figure)}(?![\d])', tables), (name, figure, paragraph[:60])
+        read += 1
+  assert read >= 10
+
+
 def test_the_papers_numbers_are_written_once():
   """The studies take the papers' figures from jaxdecouple/papers.py, and every figure a config's docstring
   quotes as the paper's is one of them (a typo in either place fails here)."""

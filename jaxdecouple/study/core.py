@@ -71,6 +71,10 @@ class Study:
   column_order: tuple[str, ...] = ()  # the table's columns; default: in the order the runs first name them
   best_accuracy: bool = False  # also each run's best test accuracy, mean and std over seeds (ResIST's way)
   train_error: bool = False  # also the last epoch's training error beside the test error (underfit or not)
+  # What the runs say, in words: paragraphs written by hand from the finished runs' tables, printed under
+  # READING in the report; every figure they quote must stand in the section's tables (a test checks), so
+  # a reading that new runs have made stale fails the tests instead of misleading.
+  reading: tuple[str, ...] = ()
 
   @property
   def needs_data_path(self) -> bool:
@@ -90,6 +94,7 @@ class Study:
 
 
 SEEDS = (0, 1, 2)
+READING = 'What the runs say (written by hand from the tables above; every figure it quotes is in them):'
 
 
 def run_dir(workdir: str, run: Run) -> str:
