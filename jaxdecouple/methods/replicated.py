@@ -160,7 +160,7 @@ class ReplicaMethod(Method):
     e, s = self.engine, self.engine.spec
     network = e.network_shapes(state.params)
     shared, blocks = e.parameter_counts(network)
-    lines = [f'{s.num_workers} workers on {e.mesh.devices.size} devices ({e.per_device} per device), '
+    lines = [f'{s.num_workers} workers on {e.mesh.devices.size} device{"s" if e.mesh.devices.size > 1 else ""} ({e.per_device} per device), '
              f'{s.local_steps} local iterations per round, batch {self.setup.config.batch_size} per worker, '
              f'momentum {s.momentum}, BatchNorm {s.batch_norm} statistics']
     if self.warmup:
