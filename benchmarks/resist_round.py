@@ -2,6 +2,7 @@
 
   python benchmarks/resist_round.py --model=preact_s3_9 --batch=32 --local_steps=10 --workers=2,4 --cpu_devices=4
   python benchmarks/resist_round.py --table1 --cpu_devices=8      # ResNet-101 bytes against the paper's Table 1
+  python benchmarks/resist_round.py --table1 --cpu_devices=8 --quantize_bits=8   # the same, 8 bits on the wire
 
 A round is L local iterations and the repartition (the engine's own ``step``, as training runs it). For
 each S and method, after one untimed round (compilation): the median over --rounds of the local step's
@@ -16,6 +17,12 @@ both ends counted as the paper does (each worker sends and receives): blocks sen
 the shared layers' collective per device. "Table 1's count" is the paper's model (every worker sends all
 it trained and receives all its next sub-network, parameters only) computed from the shapes. Prints one
 JSON line per measurement, then a markdown table.
+
+--quantize_bits and --sparsify put every run's communicated parameters on the wire compressed as training
+does with replica.quantize_bits / replica.sparsify (the paper's A.5): the bytes measured are the encoded
+arrays' (codes and grids, kept values and their indices). Table 1's count is then the engine's model with
+the compression applied to what each worker sends, what it receives counted at float32; "paper GB" stays
+Table 1's float32 figure.
 """
 from __future__ import annotations
 
@@ -40,6 +47,8 @@ def parse_args(argv=None):
   p.add_argument('--rounds', type=int, default=3, help='timed rounds (after one untimed)')
   p.add_argument('--cpu_devices', type=int, default=0, help='split the host CPU into N JAX devices')
   p.add_argument('--table1', action='store_true', help='ResNet-101 bytes at S = 2, 4, 8 against Table 1')
+  p.add_argument('--quantize_bits', type=int, default=0, help='send parameters as b-bit codes (4..8; 0: float32)')
+  p.add_argument('--sparsify', type=float, default=0.0, help='send only this fraction of each tensor (0: all)')
   p.add_argument('--json_out', default='', help='also append the JSON lines to this file')
   return p.parse_args(argv)
 
@@ -51,7 +60,7 @@ def emit(record, args):
       f.write(json.dumps(record) + '\n')
 
 
-def build(method, model, dataset, batch, workers, local_steps):
+def build(method, model, dataset, batch, workers, local_steps, args):
   from jaxdecouple.config import get_default_config
   from jaxdecouple.data import TrainOrder, load_dataset
   from jaxdecouple.methods import METHODS
@@ -61,6 +70,7 @@ def build(method, model, dataset, batch, workers, local_steps):
   c.method, c.model, c.dataset, c.batch_size = method, model, dataset, batch
   c.data.source, c.data.synthetic_train_size = 'synthetic', max(4 * batch, 256)
   c.replica.num_workers, c.replica.local_steps, c.replica.num_devices = workers, local_steps, workers
+  c.replica.quantize_bits, c.replica.sparsify = args.quantize_bits, args.sparsify
   ds = load_dataset(c.data, c.dataset)
   m = METHODS[method](build_setup(c, ds))
   order = TrainOrder(len(ds.x_train), batch, c.seed)
@@ -73,7 +83,7 @@ def rounds(args):
   results = []
   for workers in [int(s) for s in args.workers.split(',')]:
     for method in ('resist', 'localsgd'):
-      m, state, batch_of = build(method, args.model, args.dataset, args.batch, workers, args.local_steps)
+      m, state, batch_of = build(method, args.model, args.dataset, args.batch, workers, args.local_steps, args)
       engine, L = m.engine, args.local_steps
       batches = [batch_of(t) for t in range(L)]
       local, repartition, total = [], [], []
@@ -99,12 +109,12 @@ def rounds(args):
                 'collective_mb': round(traffic.all_reduce / 1e6, 3),
                 'moved_mb': round((float(traffic.sent.mean()) + traffic.all_reduce) / 1e6, 3),
                 'stored_mb': round(statistics.mean(held) / 1e6, 3), 'rounds': args.rounds,
-                'device': str(jax.devices()[0].device_kind)}
+                'device': str(jax.devices()[0].device_kind), **wire(args)}
       results.append(record)
       emit(record, args)
   by = {(r['workers'], r['method']): r for r in results}
   print(f'\n{args.model}, batch {args.batch} per worker, L = {args.local_steps}, one worker per device, '
-        f'on {jax.devices()[0].device_kind} (median of {args.rounds} rounds)\n')
+        f'on {jax.devices()[0].device_kind} (median of {args.rounds} rounds), {wire_text(args)} on the wire\n')
   print('| S | method | local step s | repartition s | round s | sent MB / device (blocks) | shared collective MB '
         '| moved vs local SGD | stored MB / device | stored vs local SGD |')
   print('|---|---|---|---|---|---|---|---|---|---|')
@@ -123,7 +133,7 @@ def table1(args):
   for workers in (2, 4, 8):
     row = {}
     for method in ('localsgd', 'resist'):
-      m, state, _ = build(method, 'preact101', 'cifar100', 8, workers, 50)
+      m, state, _ = build(method, 'preact101', 'cifar100', 8, workers, 50, args)
       engine = m.engine
       network = engine.network_shapes(state.params)
       model = engine.traffic_model(network, 0)['total'] / 1e9
@@ -136,17 +146,28 @@ def table1(args):
       row[method] = {'model': 'preact101', 'workers': workers, 'method': method, 'measured_gb': round(measured, 3),
                      'table1_count_gb': round(model, 3), 'paper_gb': TABLE1[workers][method == 'resist'],
                      'stored_mb_per_worker': round(held / 1e6, 1), 'stored_fraction': round(held / whole, 3),
-                     'device': str(jax.devices()[0].device_kind)}
+                     'device': str(jax.devices()[0].device_kind), **wire(args)}
       emit(row[method], args)
       results.append(row[method])
       del m, state
-  print('\nPre-activation ResNet-101 (CIFAR-100), one repartition, float32, one worker per device\n')
+  print(f'\nPre-activation ResNet-101 (CIFAR-100), one repartition, {wire_text(args)} on the wire, one worker per '
+        'device\n')
   print('| S | method | measured GB per round | Table 1\'s count GB | paper GB | stored per worker MB | of the whole model |')
   print('|---|---|---|---|---|---|---|')
   for r in results:
     print(f"| {r['workers']} | {r['method']} | {r['measured_gb']:.3f} | {r['table1_count_gb']:.3f} | {r['paper_gb']:.3f} "
           f"| {r['stored_mb_per_worker']:.1f} | {r['stored_fraction']:.2f} |")
   return results
+
+
+def wire(args) -> dict:
+  return {k: getattr(args, k) for k in ('quantize_bits', 'sparsify') if getattr(args, k)}
+
+
+def wire_text(args) -> str:
+  parts = ([f'{args.quantize_bits}-bit codes'] if args.quantize_bits else []) + \
+      ([f'{args.sparsify:g} of each tensor kept'] if args.sparsify else [])
+  return ', '.join(parts) or 'float32'
 
 
 def main(argv=None):

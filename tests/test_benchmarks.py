@@ -158,3 +158,10 @@ def test_resist_round_benchmark_sets_resist_beside_local_sgd(capsys):
   assert resist['stored_mb'] < local['stored_mb']
   assert all(r['local_step_s'] > 0 and r['round_s'] > 0 for r in records)
   assert '| 2 | localsgd |' in capsys.readouterr().out
+  # 8 bits on the wire: the blocks and the shared layers' exchange carry codes, not float32
+  resist8, local8 = load('resist_round').main(['--model=preact_tiny', '--batch=8', '--local_steps=2', '--workers=2',
+                                               '--rounds=1', '--quantize_bits=8'])
+  assert resist8['quantize_bits'] == local8['quantize_bits'] == 8
+  assert 0 < resist8['sent_mb'] < resist['sent_mb'] and resist8['collective_mb'] < resist['collective_mb']
+  assert local8['collective_mb'] < local['collective_mb'] and resist8['stored_mb'] == resist['stored_mb']
+  assert '8-bit codes on the wire' in capsys.readouterr().out
