@@ -61,7 +61,8 @@ def emit(record, args):
 
 
 def build(method, model, dataset, batch, workers, local_steps, args):
-  from jaxdecouple.config import get_default_config
+  from jaxdecouple.config import get_default_config, validate
+  from jaxdecouple.errors import ConfigError
   from jaxdecouple.data import TrainOrder, load_dataset
   from jaxdecouple.methods import METHODS
   from jaxdecouple.train import build_setup
@@ -71,6 +72,10 @@ def build(method, model, dataset, batch, workers, local_steps, args):
   c.data.source, c.data.synthetic_train_size = 'synthetic', max(4 * batch, 256)
   c.replica.num_workers, c.replica.local_steps, c.replica.num_devices = workers, local_steps, workers
   c.replica.quantize_bits, c.replica.sparsify = args.quantize_bits, args.sparsify
+  try:
+    validate(c)
+  except ConfigError as e:
+    raise SystemExit(f'resist_round.py: {e}') from None
   ds = load_dataset(c.data, c.dataset)
   m = METHODS[method](build_setup(c, ds))
   order = TrainOrder(len(ds.x_train), batch, c.seed)

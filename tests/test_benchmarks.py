@@ -165,3 +165,5 @@ def test_resist_round_benchmark_sets_resist_beside_local_sgd(capsys):
   assert 0 < resist8['sent_mb'] < resist['sent_mb'] and resist8['collective_mb'] < resist['collective_mb']
   assert local8['collective_mb'] < local['collective_mb'] and resist8['stored_mb'] == resist['stored_mb']
   assert '8-bit codes on the wire' in capsys.readouterr().out
+  with pytest.raises(SystemExit, match='replica.quantize_bits: must be 0'):  # checked as training checks it
+    load('resist_round').main(['--model=preact_tiny', '--workers=2', '--quantize_bits=9'])
