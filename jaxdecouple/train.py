@@ -22,7 +22,7 @@ from absl import logging
 from jaxdecouple import config as config_lib
 from jaxdecouple.checkpoint import Checkpointer
 from jaxdecouple.data import Preprocess, TrainOrder, load_dataset, normalize
-from jaxdecouple.data.stream import Prefetcher
+from jaxdecouple.data.stream import BlankImages, Prefetcher
 from jaxdecouple.errors import DivergenceError
 from jaxdecouple.methods import METHODS, Method, Setup
 from jaxdecouple.models import build_model, count_params
@@ -295,7 +295,9 @@ def _train_with(config, workdir: str, stop: _StopSignal, checkpointer: Checkpoin
                  dataset.x_test.files.where, ''.join(f', {k} {v.files.where} ({len(v)} images)'
                                                      for k, v in dataset.extra_tests.items()))
 
-  state = method.init(jax.random.key(config.seed), method.train_batch(dataset.x_train, dataset.y_train, order, 0))
+  # initialisation needs a batch's shapes only: streamed images are not decoded for it
+  sample = BlankImages(dataset.x_train) if dataset.streamed else dataset.x_train
+  state = method.init(jax.random.key(config.seed), method.train_batch(sample, dataset.y_train, order, 0))
   restored = checkpointer.restore_latest(lambda step: method.state_at(state, step))
   if jax.process_index() == 0:  # only now: a refused resume leaves the workdir as it was
     write_config(config, workdir)

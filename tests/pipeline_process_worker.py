@@ -40,10 +40,25 @@ def pipeline_config(method: str, k: int, steps: int, stream: bool = False, every
   return c
 
 
+def count_training_images() -> dict:
+  """Counts the streamed training images this process decodes (``counts['images']``)."""
+  from jaxdecouple.data.stream import StreamImages
+  counts, take = {'images': 0}, StreamImages.take
+
+  def counting_take(self, indices, key=None):
+    if self.train:
+      counts['images'] += np.asarray(indices).size
+    return take(self, indices, key)
+  StreamImages.take = counting_take
+  return counts
+
+
 def main(process_id: int, port: int, workdir: str, out: str, runs: list[str]):
   from jaxdecouple.checkpoint import Checkpointer
   from jaxdecouple.train import train_and_evaluate
+  counts = count_training_images()
   for spec in runs:
+    counts['images'] = 0
     name, method, k, steps, *extra = spec.split(':')
     options = dict(e.split('=') for e in extra)
     who, _, when = options.get('die', '').partition('@')
@@ -66,7 +81,8 @@ def main(process_id: int, port: int, workdir: str, out: str, runs: list[str]):
     leaves = jax.tree_util.tree_flatten_with_path(result.variables)[0]
     np.savez(f'{out}_{name}.npz', **{jax.tree_util.keystr(p): np.asarray(x) for p, x in leaves},
              __step__=np.array(result.step),  # a run stopped before its first evaluation has no accuracy
-             __accuracy__=np.array(result.last_eval['test_accuracy'] if result.last_eval else np.nan))
+             __accuracy__=np.array(result.last_eval['test_accuracy'] if result.last_eval else np.nan),
+             __decoded__=np.array(counts['images']))  # streamed training images this process decoded
   print('worker done', flush=True)
 
 

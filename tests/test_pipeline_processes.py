@@ -72,18 +72,20 @@ def assert_same(path, reference):
   got, want = np.load(path), np.load(reference)
   assert sorted(got.files) == sorted(want.files)
   for key in want.files:
-    if key != '__accuracy__':
+    if key not in ('__accuracy__', '__decoded__'):
       np.testing.assert_array_equal(got[key], want[key], err_msg=key)
   assert float(got['__accuracy__']) == float(want['__accuracy__'])
 
 
 def test_every_pipeline_method_over_two_processes_matches_one_process(tmp_path):
   """K = 2, one CPU device per process: stage 0 in process 0, stage 1 in process 1. FDG, ADL and FR on
-  streamed JPEGs, which only stage 0's process reads (FDG on data in memory: the tests below)."""
+  streamed JPEGs, which only stage 0's process reads (FDG on data in memory: the tests below). And ResIST
+  on streamed JPEGs, 2 workers on 2 processes: each process decodes only its own worker's images."""
   from jaxdecouple.data.imagenet import write_fake_folder
   ENV['STREAM_FOLDER'] = write_fake_folder(str(tmp_path / 'jpegs'))
   # 4 steps: twice the pipeline's fill at K = 2 (stage 0's gradients are 2(K - 1) = 2 steps old)
   runs = [f'{m}_stream:{m}:2:4' for m in ('fdg', 'adl', 'fr')] + [f'{m}:{m}:2:4' for m in ('ddg', 'dgl')]
+  runs += ['resist_stream:resist:2:4']  # blocks travel at steps 2 and 4; an average of 2 rounds alike
   procs = start(tmp_path, 1, runs)
   one_process(tmp_path, 2, runs)
   codes, logs = finish(procs)
@@ -92,6 +94,11 @@ def test_every_pipeline_method_over_two_processes_matches_one_process(tmp_path):
     name = run.split(':')[0]
     for i in range(2):  # both processes evaluate the whole model, received from its stages
       assert_same(tmp_path / f'p{i}_{name}.npz', tmp_path / f'ref_{name}.npz')
+    decoded = [int(np.load(tmp_path / f'{who}_{name}.npz')['__decoded__']) for who in ('ref', 'p0', 'p1')]
+    if name == 'resist_stream':  # 2 workers x batch 8 x 4 steps, half of them in each process
+      assert decoded == [64, 32, 32], decoded
+    elif name.endswith('_stream'):  # batch 8 x 4 steps (none for the initialisation), all by stage 0's process
+      assert decoded == [32, 32, 0], decoded
   assert os.path.exists(tmp_path / 'w' / 'ddg' / 'metrics.jsonl')  # written by process 0
   assert sorted(os.listdir(tmp_path / 'w' / 'ddg' / 'checkpoints')) == ['process_0', 'process_1']
 

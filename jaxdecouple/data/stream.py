@@ -165,6 +165,21 @@ class StreamImages:
     return np.stack(images), np.asarray(labels, np.int32)
 
 
+class BlankImages:
+  """Stands in for a :class:`StreamImages` split where only a batch's shapes matter (a model's
+  initialisation): ``take`` returns zeros, reading and decoding nothing."""
+
+  def __init__(self, images: StreamImages):
+    self.shape, self.dtype, self.num_classes, self._len = images.shape, images.dtype, images.num_classes, len(images)
+
+  def __len__(self) -> int:
+    return self._len
+
+  def take(self, indices: Sequence[int], key: tuple[int, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    n = np.asarray(indices).size
+    return np.zeros((n, *self.shape[1:]), self.dtype), np.zeros(n, np.int32)
+
+
 class Prefetcher:
   """Computes ``batch_of(step)`` for the next ``depth`` steps in ``depth`` background threads (so one batch's
   reading and collecting overlaps another's decoding) and returns them in order. ``batch_of`` must be a
