@@ -143,6 +143,32 @@ def test_a_machine_recorded_without_its_cpu_name_is_listed_once():
   assert study_lib.same_machines_once([bare]) == [bare]
 
 
+def test_a_report_from_several_machines_says_which_runs_ran_on_each(tmp_path):
+  base = {'platform': 'cpu', 'device': 'cpu', 'devices': 1, 'cpu_count': 2, 'jax': '0.10.2', 'python': '3.11.7'}
+  epyc, bare, xeon = {**base, 'cpu': 'AMD EPYC'}, {**base, 'cpu': 'x86_64'}, {**base, 'cpu_count': 8, 'cpu': 'Xeon'}
+  runs = (study_lib.Run('A', 'BP', 0, build=None), study_lib.Run('A', 'FDG', 0, build=None),
+          study_lib.Run('B', 'BP', 0, build=None))
+  where = {runs[0]: [bare, epyc], runs[1]: [xeon], runs[2]: [epyc]}  # run 0 resumed where the CPU had a name
+  for run, machines in where.items():
+    folder = study_lib.run_dir(str(tmp_path), run)
+    os.makedirs(folder)
+    with open(os.path.join(folder, 'metrics.jsonl'), 'w') as f:
+      f.write(json.dumps({'kind': 'eval', 'step': 1, 'epoch': 1.0, 'test_accuracy': 0.5}) + '\n')
+    with open(os.path.join(folder, 'finished.json'), 'w') as f:
+      json.dump({'test_accuracy': 0.5}, f)
+    with open(os.path.join(folder, 'machines.jsonl'), 'w') as f:
+      f.writelines(json.dumps({**m, 'date': '2026-11-23T10:00:00'}) + '\n' for m in machines)
+  study = study_lib.Study('t', 'T', 'd', 'r', runs)
+  text = study_lib.report(study, str(tmp_path), str(tmp_path / 'RESULTS.md'), str(tmp_path / 'figures'), 'cmd')
+  machines = [line for line in text.splitlines() if line.startswith('- Machine:')]
+  assert len(machines) == 2, machines
+  assert machines[0].endswith('host CPU AMD EPYC with 2 cores, jax 0.10.2, Python 3.11.7 (runs of A: BP; B).')
+  assert machines[1].endswith('host CPU Xeon with 8 cores, jax 0.10.2, Python 3.11.7 (runs of A: FDG).')
+  one = study_lib.report(study_lib.Study('t', 'T', 'd', 'r', runs[2:]), str(tmp_path), str(tmp_path / 'R.md'),
+                         str(tmp_path / 'figures'), 'cmd')
+  assert '- Machine: 1 x cpu (cpu), host CPU AMD EPYC with 2 cores, jax 0.10.2, Python 3.11.7.\n' in one
+
+
 def test_every_study_builds_valid_configs():
   from jaxdecouple.config import validate
   from jaxdecouple.study.report import _row_baseline

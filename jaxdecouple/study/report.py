@@ -21,6 +21,23 @@ def same_machines_once(machines: list[dict]) -> list[dict]:
   return [m for m in machines if m['cpu'].lower() not in _ARCHITECTURES or rest(m) not in named]
 
 
+def _same_machine(record: dict, machine: dict) -> bool:
+  """Whether ``record`` is ``machine``, or its twin whose CPU is only an architecture name."""
+  rest = lambda m: {k: v for k, v in m.items() if k != 'cpu'}
+  return record == machine or (record['cpu'].lower() in _ARCHITECTURES and rest(record) == rest(machine))
+
+
+def _cells_named(study: Study, cells: set[tuple[str, str]]) -> str:
+  """'ROW; ROW: COLUMN, COLUMN': a row alone when the cells hold every column the row has runs in."""
+  named = []
+  for row in study.rows:
+    columns = [c for c in study.columns if (row, c) in cells]
+    if columns:
+      whole = {r.column for r in study.runs if r.row == row}
+      named.append(row if set(columns) == whole else f"{row}: {', '.join(columns)}")
+  return '; '.join(named)
+
+
 def _final_error(workdir: str, run: Run) -> float | None:
   if not is_finished(workdir, run):
     return None
@@ -201,8 +218,8 @@ def _time_to_target(study: Study, workdir: str) -> list[str]:
   lines = ['Accuracy against wall-clock: training seconds (the sum of the evaluated epochs\' training time; '
            'compilation, evaluation and diagnostics not counted) to reach the row\'s target, the highest of its '
            'columns\' median final test errors, so that every column reaches it; median over the finished seeds '
-           '(min-max). Measured on the machine above, where runs started with --jobs share its cores: compare '
-           'within a study, not with the papers\' GPUs.', '',
+           '(min-max). Measured on the machines above (which runs ran where: their lines), where runs started with '
+           '--jobs share the cores: compare runs of one machine, not with the papers\' GPUs.', '',
            '| row | target error (%) | ' + ' | '.join(study.columns) + ' |', '|' + '---|' * (2 + len(study.columns))]
   for row in study.rows:
     finished = _finished_by_column(study, workdir, row)
@@ -261,7 +278,7 @@ def report(study: Study, workdir: str, results_path: str, figures_dir: str, comm
            f'- Seeds: {", ".join(map(str, sorted({r.seed for r in study.runs})))}; cells are the test error (%) at '
            'the last epoch: median over the finished seeds (min-max), n = seeds finished; the curves show the '
            'median per epoch over the finished seeds, their range shaded.']
-  machines, dates = set(), []
+  machines, dates = {}, []  # machine (json) -> the rows of the runs that ran on it
   for run in study.runs:
     path = os.path.join(run_dir(workdir, run), 'machines.jsonl')
     if is_finished(workdir, run) and os.path.exists(path):
@@ -269,10 +286,17 @@ def report(study: Study, workdir: str, results_path: str, figures_dir: str, comm
         for line in f:
           m = json.loads(line)
           dates.append(m.pop('date')[:10])
-          machines.add(json.dumps(m, sort_keys=True))
-  for m in same_machines_once([json.loads(m) for m in sorted(machines)]):
+          machines.setdefault(json.dumps(m, sort_keys=True), set()).add((run.row, run.column))
+  kept = same_machines_once([json.loads(m) for m in sorted(machines)])
+  cells = [set() for _ in kept]  # with several machines, which cells ran where: a record without the CPU's
+  for k, c in machines.items():  # name counts as its named twin if it has one only
+    twins = [i for i, m in enumerate(kept) if _same_machine(json.loads(k), m)]
+    if len(twins) == 1:
+      cells[twins[0]] |= c
+  for m, ran in zip(kept, cells):
+    where = f' (runs of {_cells_named(study, ran)})' if len(kept) > 1 else ''
     lines.append(f"- Machine: {m['devices']} x {m['device']} ({m['platform']}), host CPU {m['cpu']} with "
-                 f"{m['cpu_count']} cores, jax {m['jax']}, Python {m['python']}.")
+                 f"{m['cpu_count']} cores, jax {m['jax']}, Python {m['python']}{where}.")
   if dates:
     lines.append(f'- Run dates: {min(dates)} to {max(dates)}.')
   done = sum(is_finished(workdir, r) for r in study.runs)
