@@ -278,7 +278,7 @@ def report(study: Study, workdir: str, results_path: str, figures_dir: str, comm
            f'- Seeds: {", ".join(map(str, sorted({r.seed for r in study.runs})))}; cells are the test error (%) at '
            'the last epoch: median over the finished seeds (min-max), n = seeds finished; the curves show the '
            'median per epoch over the finished seeds, their range shaded.']
-  machines, dates = {}, []  # machine (json) -> the rows of the runs that ran on it
+  machines, dates = {}, []  # machine (json) -> the cells (row, column) of the runs that ran on it
   for run in study.runs:
     path = os.path.join(run_dir(workdir, run), 'machines.jsonl')
     if is_finished(workdir, run) and os.path.exists(path):
