@@ -426,5 +426,9 @@ def _train_with(config, workdir: str, stop: _StopSignal, checkpointer: Checkpoin
     if dataset.streamed:
       next_batch.close()
   checkpointer.wait()
-  logging.info('finished at step %d in %s', step, format_duration(time.perf_counter() - run_start))
+  took = format_duration(time.perf_counter() - run_start)
+  if step < total_steps:  # stopped (the warning above says how to resume): not finished
+    logging.info('saved at step %d of %d after %s', step, total_steps, took)
+  else:
+    logging.info('finished at step %d in %s', step, took)
   return RunResult(method, state, step, last_eval, workdir, total_steps)

@@ -191,7 +191,8 @@ def test_sigterm_saves_a_checkpoint_and_resumes_exactly(workdir, tmp_path, signa
   50 ms apart save once and stop once (the handler stays until the checkpoint is written), as one does."""
   script = tmp_path / 'run.py'
   script.write_text(KILLED_RUN.format(root=ROOT, tests=os.path.join(ROOT, 'tests'), workdir=workdir)
-                    .replace('checkpoint_every_steps=4', 'checkpoint_every_steps=0'))
+                    .replace('checkpoint_every_steps=4', 'checkpoint_every_steps=0')
+                    .replace('import sys, time', 'import sys, time\nfrom absl import logging; logging.set_verbosity("info")'))
   proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
   metrics = os.path.join(workdir, 'metrics.jsonl')
@@ -205,6 +206,7 @@ def test_sigterm_saves_a_checkpoint_and_resumes_exactly(workdir, tmp_path, signa
   assert proc.returncode == 0, stderr[-2000:]
   steps = sorted(int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints')) if d.isdigit())
   assert len(steps) == 1 and 4 <= steps[0] < 16 and 'SIGTERM' in stderr
+  assert f'saved at step {steps[0]} of 16' in stderr and 'finished at step' not in stderr  # stopped, not done
   resumed = train_and_evaluate(tiny_config(checkpoint_every_steps=0), workdir)
   whole = train_and_evaluate(tiny_config(checkpoint_every_steps=0), str(tmp_path / 'whole'))
   assert_trees_equal(resumed.state, whole.state)
