@@ -85,7 +85,7 @@ def test_every_pipeline_method_over_two_processes_matches_one_process(tmp_path):
   ENV['STREAM_FOLDER'] = write_fake_folder(str(tmp_path / 'jpegs'))
   # 4 steps: twice the pipeline's fill at K = 2 (stage 0's gradients are 2(K - 1) = 2 steps old)
   runs = [f'{m}_stream:{m}:2:4' for m in ('fdg', 'adl', 'fr')] + [f'{m}:{m}:2:4' for m in ('ddg', 'dgl')]
-  runs += ['resist_stream:resist:2:4']  # blocks travel at steps 2 and 4; an average of 2 rounds alike
+  runs += ['resist_stream:resist:2:4']  # rounds end at steps 2 and 4; a mean of 2 workers rounds alike in any order
   procs = start(tmp_path, 1, runs)
   one_process(tmp_path, 2, runs)
   codes, logs = finish(procs)
