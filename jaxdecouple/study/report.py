@@ -13,18 +13,25 @@ from jaxdecouple.study.core import READING, Claim, Run, Study, diverged, is_fini
 _ARCHITECTURES = {'x86_64', 'amd64', 'aarch64', 'arm64', 'i386', 'i686', ''}
 
 
+def _unnamed(m: dict) -> bool:
+  """Whether a machine record's CPU is only an architecture name (what ``platform`` gives where the CPU's
+  model name was not read)."""
+  return m['cpu'].lower() in _ARCHITECTURES
+
+
+def _but_cpu(m: dict) -> str:
+  return json.dumps({k: v for k, v in m.items() if k != 'cpu'}, sort_keys=True)
+
+
 def same_machines_once(machines: list[dict]) -> list[dict]:
-  """Drops a record whose CPU is only an architecture name (what ``platform`` gives where the CPU's
-  model name was not read) when a record alike in everything else names the CPU."""
-  rest = lambda m: json.dumps({k: v for k, v in m.items() if k != 'cpu'}, sort_keys=True)
-  named = {rest(m) for m in machines if m['cpu'].lower() not in _ARCHITECTURES}
-  return [m for m in machines if m['cpu'].lower() not in _ARCHITECTURES or rest(m) not in named]
+  """Drops a record whose CPU is unnamed when a record alike in everything else names the CPU."""
+  named = {_but_cpu(m) for m in machines if not _unnamed(m)}
+  return [m for m in machines if not _unnamed(m) or _but_cpu(m) not in named]
 
 
 def _same_machine(record: dict, machine: dict) -> bool:
-  """Whether ``record`` is ``machine``, or its twin whose CPU is only an architecture name."""
-  rest = lambda m: {k: v for k, v in m.items() if k != 'cpu'}
-  return record == machine or (record['cpu'].lower() in _ARCHITECTURES and rest(record) == rest(machine))
+  """Whether ``record`` is ``machine``, or its twin whose CPU is unnamed."""
+  return record == machine or (_unnamed(record) and _but_cpu(record) == _but_cpu(machine))
 
 
 def _cells_named(study: Study, cells: set[tuple[str, str]]) -> str:
