@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import json
 import os
 import signal
 import socket
@@ -190,6 +191,27 @@ class _StopSignal:
       signal.signal(sig, previous)
 
 
+def _epoch_clock_at(workdir: str, step: int) -> tuple[float, int]:
+  """The training seconds and timed steps of the epoch that was under way at the checkpoint of ``step``, from
+  the ``checkpoint`` record written with it, so that a resumed run's epoch time counts the steps trained
+  before the stop; (0.0, 0) where there is none (a checkpoint at an evaluation, a record of an earlier
+  version, a process that writes no metrics)."""
+  clock = (0.0, 0)
+  try:
+    with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+      lines = f.readlines()
+  except OSError:  # none here (a process other than the first, on another host)
+    return clock
+  for line in lines:
+    try:
+      r = json.loads(line)
+      if r.get('kind') == 'checkpoint' and r.get('step') == step:
+        clock = (float(r['epoch_time_s']), int(r['epoch_steps']))  # the last one: a step may be saved twice
+    except (ValueError, KeyError, TypeError, AttributeError):  # a line cut short by a killed process
+      continue
+  return clock
+
+
 def _finite(state) -> bool:
   """Whether every floating-point array of the state this process holds is finite, checked shard by shard
   on the host (a sharded array's mesh is not needed; on CPU the shards are read in place, elsewhere they are
@@ -301,10 +323,12 @@ def _train_with(config, workdir: str, stop: _StopSignal, checkpointer: Checkpoin
   restored = checkpointer.restore_latest(lambda step: method.state_at(state, step))
   if jax.process_index() == 0:  # only now: a refused resume leaves the workdir as it was
     write_config(config, workdir)
-  start = 0
+  start, carried = 0, (0.0, 0)
   if restored is not None:
     start, state = restored
-    logging.info('resumed from the checkpoint at step %d (epoch %.2f)', start, start / spe)
+    carried = _epoch_clock_at(workdir, start)
+    logging.info('resumed from the checkpoint at step %d (epoch %.2f)%s', start, start / spe,
+                 f'; the epoch under way had trained {carried[0]:.1f} s before the stop' if carried[1] else '')
   variables = method.eval_variables(state)
   logging.info('model %s: %d blocks, %.3fM parameters', config.model, len(setup.model.block_names),
                count_params(variables['params']) / 1e6)
@@ -319,7 +343,9 @@ def _train_with(config, workdir: str, stop: _StopSignal, checkpointer: Checkpoin
   pending: list[dict] = []
   last_eval, step = None, start
   interval_start, interval_steps = time.perf_counter(), 0
-  epoch_start = time.perf_counter()
+  # The epoch's training clock: seconds from epoch_start, over epoch_steps timed steps (a run's first step,
+  # compilation, is not timed). A resumed run starts it where its checkpoint left it (carried).
+  epoch_start, epoch_steps = time.perf_counter(), 0
   run_start = time.perf_counter()
 
   def diverged(step: int, what: str):
@@ -353,7 +379,7 @@ def _train_with(config, workdir: str, stop: _StopSignal, checkpointer: Checkpoin
     pending, interval_start, interval_steps = [], now, 0
 
   def run_eval(step: int) -> dict:
-    nonlocal epoch_start
+    nonlocal epoch_start, epoch_steps
     flush_metrics(step)
     epoch_time = time.perf_counter() - epoch_start
     t = time.perf_counter()
@@ -363,11 +389,10 @@ def _train_with(config, workdir: str, stop: _StopSignal, checkpointer: Checkpoin
       result.update(evaluator(variables, images, None, prefix))
     record = writer.write('eval', step, epoch=round(step / spe, 4), **result,
                           epoch_time_s=round(epoch_time, 3), eval_time_s=round(time.perf_counter() - t, 3),
-                          train_images_per_sec=round(min(step - start, eval_every) * config.batch_size
-                                                     / max(epoch_time, 1e-9), 1))
+                          train_images_per_sec=round(epoch_steps * config.batch_size / max(epoch_time, 1e-9), 1))
     logging.info('epoch %.2f (step %d): test accuracy %.4f, test loss %.4f; %.1f s for the epoch',
                  step / spe, step, result['test_accuracy'], result['test_loss'], epoch_time)
-    epoch_start = time.perf_counter()
+    epoch_start, epoch_steps = time.perf_counter(), 0
     return record
 
   def log_profile(step: int, profile: dict) -> None:
@@ -402,10 +427,12 @@ def _train_with(config, workdir: str, stop: _StopSignal, checkpointer: Checkpoin
         state, metrics = method.step(state, batch, step)
       pending.append(metrics)
       interval_steps += 1
+      epoch_steps += 1
       if step == start:  # exclude compilation from the throughput figures
         jax.block_until_ready(state)
         logging.info('first step (compilation included) took %.1f s', time.perf_counter() - run_start)
-        pending, interval_start, interval_steps, epoch_start = [], time.perf_counter(), 0, time.perf_counter()
+        pending, interval_start, interval_steps = [], time.perf_counter(), 0
+        epoch_start, epoch_steps = time.perf_counter() - carried[0], carried[1]
       done = step + 1
       stop.poll(done)
       if done % config.log_every_steps == 0:
@@ -417,6 +444,9 @@ def _train_with(config, workdir: str, stop: _StopSignal, checkpointer: Checkpoin
         if not _finite(state):  # never a non-finite state as the latest checkpoint
           diverged(done, 'the parameters are not finite')
         checkpointer.save(done, state)
+        if done % eval_every:  # mid-epoch: a run resumed from here goes on with this epoch's clock
+          writer.write('checkpoint', done, epoch=round(done / spe, 4), epoch_time_s=round(
+              time.perf_counter() - epoch_start, 3), epoch_steps=epoch_steps)
       step = done
       if stop.requested:
         logging.warning('stopped at step %d; run again with the same --workdir to resume', done)

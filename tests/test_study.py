@@ -411,3 +411,20 @@ def test_report_gives_top5_and_further_test_sets_when_runs_have_them(tmp_path):
   assert tables[2].startswith('ImageNet-V2 matched frequency top-1 error (%)')
   assert '| ResNet-8, K=2 | 60.00 (60.00-60.00), n=2 |' in tables[3]
   assert tables[4].startswith('ImageNet-V2 matched frequency top-5 error (%)')
+
+
+def test_the_report_names_resumes_whose_epoch_time_lacks_the_steps_before_the_stop(tmp_path):
+  """A resume at an evaluation loses nothing; one mid-epoch with the clock written beside its checkpoint
+  loses nothing; one mid-epoch from a record without that clock (an earlier version) is named."""
+  from jaxdecouple.study.report import uncounted_resumes
+  folder = tmp_path / 'run'
+  folder.mkdir()
+  (folder / 'log.txt').write_text('resumed from the checkpoint at step 8 (epoch 1.00)\n'
+                                  'resumed from the checkpoint at step 12 (epoch 1.50); the epoch under way ...\n'
+                                  'resumed from the checkpoint at step 20 (epoch 2.50)\n')
+  records = [{'kind': 'eval', 'step': 8}, {'kind': 'checkpoint', 'step': 12, 'epoch_time_s': 1.0, 'epoch_steps': 3},
+             {'kind': 'eval', 'step': 16}, {'kind': 'train', 'step': 20}, {'kind': 'eval', 'step': 24}]
+  (folder / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
+  assert uncounted_resumes(str(folder)) == [20]
+  (folder / 'log.txt').unlink()
+  assert uncounted_resumes(str(folder)) == []  # no log: nothing known of resumes

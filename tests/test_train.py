@@ -111,6 +111,45 @@ def test_killed_run_resumes_exactly(workdir, tmp_path):
   assert_trees_equal(resumed.state, whole.state)
 
 
+class Crash(Exception):
+  pass
+
+
+def test_a_resumed_epoch_counts_the_training_before_the_stop(workdir, monkeypatch):
+  """Accuracy against wall-clock sums the epochs' training times (epoch_time_s). An epoch cut by a crash and
+  resumed counts the steps it trained before the crash, from the record written with the checkpoint, and
+  neither the time between the runs nor the resumed run's first step (compilation). Each step sleeps a
+  known time, so the bounds hold on any machine."""
+  from jaxdecouple.methods.bp import BP
+  original, pause = BP.step, 0.1
+
+  def slow(crash_at):
+    def step(self, state, batch, step):
+      if step == crash_at:
+        raise Crash()
+      time.sleep(pause)
+      return original(self, state, batch, step)
+    return step
+  monkeypatch.setattr(BP, 'step', slow(crash_at=5))
+  with pytest.raises(Crash):
+    train_and_evaluate(tiny_config(checkpoint_every_steps=4), workdir)
+  saved = [r for r in read_metrics(workdir) if r['kind'] == 'checkpoint']
+  assert [(r['step'], r['epoch_steps']) for r in saved] == [(4, 3)]  # steps 1-3 timed; step 0 compiles
+  assert saved[0]['epoch_time_s'] >= 3 * pause
+  time.sleep(1.0)  # between the runs: not training time
+  monkeypatch.setattr(BP, 'step', slow(crash_at=None))
+  began = time.perf_counter()
+  train_and_evaluate(tiny_config(checkpoint_every_steps=4), workdir)
+  resumed = time.perf_counter() - began
+  epoch = next(r for r in read_metrics(workdir) if r['kind'] == 'eval' and r['step'] == 8)
+  before = saved[0]['epoch_time_s']
+  assert before + 3 * pause <= epoch['epoch_time_s'] < before + resumed  # steps 5-7 after the resume
+  assert epoch['train_images_per_sec'] == pytest.approx(6 * 32 / epoch['epoch_time_s'], rel=0.01)  # 6 timed steps
+  fresh = next(r for r in read_metrics(workdir) if r['kind'] == 'eval' and r['step'] == 16)
+  assert fresh['epoch_time_s'] >= 8 * pause  # the next epoch: all 8 steps, nothing carried into it
+  assert [r['step'] for r in read_metrics(workdir) if r['kind'] == 'checkpoint'] == [4, 12]
+
+
 # orbax's reader threads finish after the failed restore and complain that their event loop closed.
 @pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
 @pytest.mark.parametrize('damage', ['truncated', 'corrupted'])

@@ -218,6 +218,20 @@ def _train_error(study: Study, workdir: str) -> list[str]:
                        ('', 'test - train'), cells)
 
 
+def uncounted_resumes(folder: str) -> list[int]:
+  """The steps at which a run resumed in the middle of an epoch from a checkpoint written without the epoch's
+  clock (``checkpoint`` records came later): that epoch's training before the stop is missing from its
+  ``epoch_time_s``. Read from the run's log.txt (the resumes) and metrics.jsonl (evaluations, clocks)."""
+  try:
+    with open(os.path.join(folder, 'log.txt'), encoding='utf-8') as f:
+      resumes = [int(m) for m in re.findall(r'resumed from the checkpoint at step (\d+)', f.read())]
+  except OSError:
+    return []
+  from jaxdecouple.writers import read_metrics
+  known = {r['step'] for r in read_metrics(folder) if r['kind'] in ('eval', 'checkpoint')}
+  return [step for step in resumes if step not in known]
+
+
 def _time_to_target(study: Study, workdir: str) -> list[str]:
   """Per row, the training seconds each column took to reach the row's target error: the highest of the
   columns' median final errors, which every column reaches."""
@@ -243,6 +257,12 @@ def _time_to_target(study: Study, workdir: str) -> list[str]:
                    + ('' if len(reached) == len(times) else f', {len(times) - len(reached)} never') if reached
                    else f'never (n={len(times)})')
     lines.append('| ' + ' | '.join(cells) + ' |')
+  short = [f'{r.row}, {r.column}, seed {r.seed} (step{"s" * (len(steps) > 1)} {", ".join(map(str, steps))})' for r in study.runs
+           if is_finished(workdir, r) for steps in [uncounted_resumes(run_dir(workdir, r))] if steps]
+  if short:
+    lines += ['', 'Uncounted: runs resumed mid-epoch from checkpoints written before they carried the epoch\'s '
+              'training time lack, in that epoch, the steps trained before the stop (less than one epoch\'s time '
+              'per resume): ' + '; '.join(short) + '.']
   return lines + ['']
 
 
