@@ -214,8 +214,14 @@ def _train_error(study: Study, workdir: str) -> list[str]:
   return _curves_table(study, workdir, 'Training error (%) in the last epoch (the mean of the training records logged '
                        'in it: augmented images, BatchNorm in training mode, the parameters moving), then the test error '
                        'minus it (points); medians over the finished seeds. A network whose two errors are close '
-                       'underfits: there a method that optimises less well loses test accuracy too.',
+                       'underfits: there a method that optimises less well loses test accuracy too.'
+                       + (' For ResIST and local SGD the training error is the mean over the workers of each one\'s '
+                          'own network on its own batches: for ResIST its sub-network, not the whole network that '
+                          'is tested.' if any(r.build().method in _REPLICA for r in study.runs) else ''),
                        ('', 'test - train'), cells)
+
+
+_REPLICA = ('resist', 'localsgd', 'ensemble')
 
 
 def uncounted_resumes(folder: str) -> list[int]:

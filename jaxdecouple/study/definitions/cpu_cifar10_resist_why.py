@@ -24,7 +24,7 @@ def study() -> Study:
       'partitioned blocks is trained by one worker of S, so per epoch it sees 1/S of the images a local SGD '
       f'block sees: at {2 * main.EPOCHS} epochs and S=2 a ResIST block sees as many as a local SGD block at '
       f'{main.EPOCHS}. The paper trains 80 epochs at S=2 and 160 at S=4',
-      tuple(runs), needs=CIFAR10_FILE, best_accuracy=True, claims=(
+      tuple(runs), needs=CIFAR10_FILE, best_accuracy=True, train_error=True, claims=(
           Claim("ResIST's gap to local SGD at S=2 is smaller with the longer schedule", 'ResIST', (longer, row),
                 baseline='local SGD'),
           Claim(f'ResIST at S=2 within 0.6 points of local SGD after {2 * main.EPOCHS} epochs', 'ResIST', (longer,),
