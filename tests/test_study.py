@@ -428,3 +428,34 @@ def test_the_report_names_resumes_whose_epoch_time_lacks_the_steps_before_the_st
   assert uncounted_resumes(str(folder)) == [20]
   (folder / 'log.txt').unlink()
   assert uncounted_resumes(str(folder)) == []  # no log: nothing known of resumes
+
+
+
+def _claim_in_steps(folders, barrier, results):
+  for where in folders:
+    barrier.wait()  # all claim at once
+    results.put((where, study_lib.claim(where) is None))
+    barrier.wait()  # and stay alive until all have claimed: a dead process's claim may be taken over
+
+
+def test_processes_claiming_one_run_at_once_leave_it_to_exactly_one(tmp_path):
+  """The claim appears whole or not at all: a process never reads another's half-written claim, takes it for a
+  dead process's and claims the run too (two workers of one study then trained the same run)."""
+  import multiprocessing
+  ctx = multiprocessing.get_context('spawn')  # not fork: JAX's threads are running here
+  folders = [str(tmp_path / f'run{i}') for i in range(20)]
+  for where in folders:
+    os.makedirs(where)
+  barrier, results = ctx.Barrier(6), ctx.Queue()
+  procs = [ctx.Process(target=_claim_in_steps, args=(folders, barrier, results)) for _ in range(6)]
+  for p in procs:
+    p.start()
+  won = {where: 0 for where in folders}
+  for _ in range(len(folders) * len(procs)):
+    where, mine = results.get(timeout=120)
+    won[where] += mine
+  for p in procs:
+    p.join(timeout=60)
+  assert all(n == 1 for n in won.values()), won
+  for where in folders:
+    assert os.listdir(where) == ['running.json']  # no claim-in-making left behind

@@ -217,11 +217,16 @@ def _train_error(study: Study, workdir: str) -> list[str]:
                        'underfits: there a method that optimises less well loses test accuracy too.'
                        + (' For ResIST and local SGD the training error is the mean over the workers of each one\'s '
                           'own network on its own batches: for ResIST its sub-network, not the whole network that '
-                          'is tested.' if any(r.build().method in _REPLICA for r in study.runs) else ''),
+                          'is tested.' if any(_is_replica(r) for r in study.runs) else ''),
                        ('', 'test - train'), cells)
 
 
 _REPLICA = ('resist', 'localsgd', 'ensemble')
+
+
+def _is_replica(run) -> bool:
+  """Whether the run trains one network per worker (its training error is a worker's own network's)."""
+  return run.build is not None and run.build().method in _REPLICA
 
 
 def uncounted_resumes(folder: str) -> list[int]:

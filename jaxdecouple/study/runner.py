@@ -30,8 +30,14 @@ def claim(where: str) -> dict | None:
   path = os.path.join(where, 'running.json')
   me = {'host': socket.gethostname(), 'pid': os.getpid()}
   for _ in range(2):
+    # The claim appears whole or not at all: written to a file of this process's own, then linked to its
+    # name (which fails if the name exists). A claim created empty and written after would let a second
+    # process read it half-made, take it for a dead one's and claim the run too.
+    mine = f'{path}.{me["host"]}.{me["pid"]}'
+    with open(mine, 'w', encoding='utf-8') as f:
+      json.dump(me, f)
     try:
-      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+      os.link(mine, path)
     except FileExistsError:
       try:
         with open(path, encoding='utf-8') as f:
@@ -45,8 +51,8 @@ def claim(where: str) -> dict | None:
       with contextlib.suppress(FileNotFoundError):  # another process may have removed it first
         os.remove(path)
       continue
-    with os.fdopen(fd, 'w', encoding='utf-8') as f:
-      json.dump(me, f)
+    finally:
+      os.remove(mine)
     return None
   return {'host': '?', 'pid': '?'}  # lost a race for it twice: leave it to the other process
 
