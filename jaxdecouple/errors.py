@@ -23,3 +23,7 @@ class DivergenceError(JaxDecoupleError):
 
 class WorkdirError(JaxDecoupleError):
   """The work directory cannot be used: not a writable folder, or in use by another run."""
+
+
+class WorkdirInUseError(WorkdirError):
+  """Another live run holds the work directory's lock."""

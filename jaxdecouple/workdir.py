@@ -21,7 +21,7 @@ import socket
 
 from absl import logging
 
-from jaxdecouple.errors import CheckpointError, WorkdirError
+from jaxdecouple.errors import CheckpointError, WorkdirError, WorkdirInUseError
 
 # Fields that may differ between a run and its resume: how long it runs, what it logs and keeps, where
 # the data and the other processes are, how the work is placed on devices (placement does not change
@@ -142,7 +142,7 @@ class WorkdirLock:
     except OSError:
       holder = os.read(fd, 1000).decode('utf-8', 'replace').strip() or 'another process'
       os.close(fd)
-      raise WorkdirError(f'{os.path.dirname(self.path)} is in use by another run ({holder}): wait for it to end, '
+      raise WorkdirInUseError(f'{os.path.dirname(self.path)} is in use by another run ({holder}): wait for it to end, '
                          'or give this run another --workdir') from None
     previous = os.read(fd, 1000).decode('utf-8', 'replace').strip()
     if previous:  # a holder that never released it: killed (the kernel dropped its lock)

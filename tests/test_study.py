@@ -431,6 +431,26 @@ def test_the_report_names_resumes_whose_epoch_time_lacks_the_steps_before_the_st
 
 
 
+
+def test_a_run_whose_folder_another_run_has_locked_is_passed_over(tmp_path):
+  """Behind the claims, the workdir lock: a run held by a live process the claim could not see (another host,
+  or a dead process's claim taken over by two at once) is passed over, and the study goes on to its next run."""
+  from jaxdecouple.workdir import WorkdirLock
+  study = study_lib.STUDIES['tiny']()
+  workdir = str(tmp_path / 'study')
+  first = study_lib.run_dir(workdir, study.runs[0])
+  os.makedirs(first)
+  held = WorkdirLock(first).acquire()  # its own open file: flock refuses it to the study's run in this process too
+  try:
+    said = []
+    status = study_lib.run_study(study, workdir, max_runs=1, log=said.append)
+  finally:
+    held.release()
+  assert status['ran'] == 1 and not study_lib.is_finished(workdir, study.runs[0])
+  assert study_lib.is_finished(workdir, study.runs[1])
+  assert any('locked by another live run, passed over' in line for line in said)
+
+
 def _claim_in_steps(folders, barrier, results):
   for where in folders:
     barrier.wait()  # all claim at once

@@ -133,7 +133,7 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
   starts. For machines that stop at a fixed time, where a run cut short loses its checkpoints.
   A finished run's checkpoints are deleted unless ``keep_checkpoints`` (the report needs only its
   metrics; a pipeline method's checkpoint holds the in-flight activations: 200-430 MB for ResNet-20)."""
-  from jaxdecouple.errors import DivergenceError
+  from jaxdecouple.errors import DivergenceError, WorkdirInUseError
   from jaxdecouple.train import train_and_evaluate
   start, ran = time.time(), 0
   for i, run in enumerate(study.runs):
@@ -166,6 +166,9 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
       try:
         with _progress_to(os.path.join(where, 'log.txt'), console):
           result = train_and_evaluate(run.config(data_path), where)
+      except WorkdirInUseError:  # a process on another host, or one that took over a dead claim as we did
+        log(f'[{i + 1}/{len(study.runs)}] {run.name}: its folder is locked by another live run, passed over')
+        continue
       except DivergenceError as e:  # recorded, and the study goes on with its next run
         step = int(m.group(1)) if (m := re.search(r'at step (\d+)', str(e))) else None
         with open(os.path.join(where, 'diverged.json'), 'w', encoding='utf-8') as f:
