@@ -61,7 +61,8 @@ def emit(record, args):
 
 
 def build(method, model, dataset, batch, workers, local_steps, args):
-  from jaxdecouple.config import get_default_config, validate
+  from jaxdecouple.config import get_default_config
+  from jaxdecouple.methods import validate
   from jaxdecouple.errors import ConfigError
   from jaxdecouple.data import TrainOrder, load_dataset
   from jaxdecouple.methods import METHODS
@@ -134,20 +135,21 @@ def rounds(args):
 def table1(args):
   import jax
   import numpy as np
+  from jaxdecouple.replica import traffic_model
   results = []
   for workers in (2, 4, 8):
     row = {}
     for method in ('localsgd', 'resist'):
       m, state, _ = build(method, 'preact101', 'cifar100', 8, workers, 50, args)
       engine = m.engine
-      network = engine.network_shapes(state.params)
-      model = engine.traffic_model(network, 0)['total'] / 1e9
+      network = engine.layout.network_shapes(state.params)
+      model = traffic_model(engine, network, 0)['total'] / 1e9
       state = engine.aggregate(state, 0)
       t = engine.last_traffic
       measured = (float(t.sent.sum() + t.received.sum()) + 2 * len(engine.devices) * t.all_reduce) / 1e9
       held = statistics.mean(engine.resident_bytes(state).values())
       whole = sum(4 * int(np.prod(x.shape)) for x in jax.tree.leaves(network)) * 2  # parameters + momentum
-      whole += sum(4 * int(np.prod(x.shape)) for x in jax.tree.leaves(engine.network_shapes(state.batch_stats)))
+      whole += sum(4 * int(np.prod(x.shape)) for x in jax.tree.leaves(engine.layout.network_shapes(state.batch_stats)))
       row[method] = {'model': 'preact101', 'workers': workers, 'method': method, 'measured_gb': round(measured, 3),
                      'table1_count_gb': round(model, 3), 'paper_gb': TABLE1[workers][method == 'resist'],
                      'stored_mb_per_worker': round(held / 1e6, 1), 'stored_fraction': round(held / whole, 3),

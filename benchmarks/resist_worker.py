@@ -19,7 +19,7 @@ layers' step plus as many blocks as the row computes). Prints one JSON line per 
 from __future__ import annotations
 
 import argparse
-import copy
+import dataclasses
 import json
 import os
 import statistics
@@ -75,22 +75,24 @@ def main(argv=None):
 
   def worker_state(e, w):
     """Worker w's stored state in engine e's layout (shared layers, its slots of round 0)."""
-    member = e.membership(0)
-    take = lambda tree: jax.tree.map(lambda x: jnp.asarray(x[w]), e.to_workers(tree, member))
+    member = e.layout.membership(0)
+    take = lambda tree: jax.tree.map(lambda x: jnp.asarray(x[w]), e.layout.to_workers(tree, member))
     params = take(variables['params'])
-    return params, take(variables['batch_stats']), e.setup.optimizer.init(params)
+    return params, take(variables['batch_stats']), e.optimizer.init(params)
   images, labels = jnp.asarray(ds.x_train[:args.batch]), jnp.asarray(ds.y_train[:args.batch])
-  steps = {skip: jax.jit(e._worker_step) for skip, e in engines.items()}
+  steps = {skip: jax.jit(e.worker_step) for skip, e in engines.items()}
   c.method = 'localsgd'
   local_sgd = METHODS['localsgd'](build_setup(c, ds)).engine
-  plain = jax.jit(local_sgd._worker_step)  # no skipping at all
+  plain = jax.jit(local_sgd.worker_step)  # no skipping at all
   # The shared layers alone (the partitioned blocks taken out of the chain): what a worker's step costs
   # before its blocks, so that the time of one partitioned block is measured, not assumed from FLOPs.
   from jaxdecouple.models import Chain
-  bare = copy.copy(local_sgd)
+  from jaxdecouple.replica import Replica
   kept = [(n, m) for n, m in zip(local_sgd.chain.names, local_sgd.chain.modules) if n not in engine.partitioned]
-  bare.chain = Chain(tuple(n for n, _ in kept), tuple(m for _, m in kept))
-  shared_only = jax.jit(bare._worker_step)
+  bare_model = dataclasses.replace(local_sgd.model, chain=Chain(tuple(n for n, _ in kept), tuple(m for _, m in kept)))
+  bare = Replica(bare_model, local_sgd.spec, local_sgd.devices, local_sgd.optimizer, local_sgd.schedule,
+                 local_sgd.preprocess)
+  shared_only = jax.jit(bare.worker_step)
   flops = block_flops(engine.model, ds.image_shape)
   flops = dict(zip(engine.model.block_names, flops))
   full_flops = sum(flops.values())
@@ -100,13 +102,13 @@ def main(argv=None):
       params, stats, opt_state = worker_state(local_sgd, 0)
       drop = lambda tree: {n: v for n, v in tree.items() if n not in engine.partitioned}
       params, stats = drop(params), drop(stats)
-      opt_state = local_sgd.setup.optimizer.init(params)
+      opt_state = local_sgd.optimizer.init(params)
       return lambda: jax.block_until_ready(shared_only(params, stats, opt_state, (), images, labels, 0, np.int32(0)))
     if worker is None:
       fn, e, member = plain, local_sgd, ()
     else:
       fn, e = steps[skip], engines[skip]
-      member = jnp.asarray(e.membership(0)[worker])
+      member = jnp.asarray(e.layout.membership(0)[worker])
     params, stats, opt_state = worker_state(e, worker or 0)
     return lambda: jax.block_until_ready(fn(params, stats, opt_state, member, images, labels, 0, np.int32(0)))
 
@@ -119,7 +121,7 @@ def main(argv=None):
     return statistics.median(times)
 
   blocks = engine.partitioned
-  membership = engine.membership(0)
+  membership = engine.layout.membership(0)
   rows = [('full model (local SGD step, no skipping)', None, None, None),
           ('shared layers only (partitioned blocks removed)', np.zeros(len(blocks), bool), 'shared', None),
           ('full model through the slots (one per block)', np.ones(len(blocks), bool), 'gather_all', 0)]
@@ -139,7 +141,7 @@ def main(argv=None):
     ratios = [r[i] / r[0] for r in rounds]
     active = np.ones(len(blocks), bool) if member is None else member
     # gathered: every slot is computed, a sub-network smaller than the largest one drops its last slot
-    computed = engines[skip].slots if skip in ('gather', 'gather_all') else int(active.sum())
+    computed = engines[skip].layout.slots if skip in ('gather', 'gather_all') else int(active.sum())
     predicted = (sum(v for n, v in flops.items() if n not in blocks)
                  + computed * flops[blocks[0]]) / full_flops
     # the same prediction from measured times: the shared layers' step plus `computed` blocks

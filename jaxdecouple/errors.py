@@ -27,3 +27,8 @@ class WorkdirError(JaxDecoupleError):
 
 class WorkdirInUseError(WorkdirError):
   """Another live run holds the work directory's lock."""
+
+
+def fail(field: str, message: str):
+  """Stops with one line naming the config field and the fix: ``config.FIELD: message``."""
+  raise ConfigError(f'config.{field}: {message}')

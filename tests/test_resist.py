@@ -14,7 +14,8 @@ from jaxdecouple.data import Preprocess, TrainOrder, load_dataset, train_inputs
 from jaxdecouple.errors import ConfigError
 from jaxdecouple.models import build_model
 from jaxdecouple.replica import SLOTS, compress, draw_partition, partitioned_blocks, slice_sizes, slot_apply
-from jaxdecouple.replica.engine import check_partitioned_run, slot_count
+from jaxdecouple.models.slots import check_partitioned_run
+from jaxdecouple.replica import slot_count
 from jaxdecouple.train import train_and_evaluate
 
 
@@ -164,7 +165,7 @@ def worker_variables(result, w):
   """What worker w stores, by block name: the shared blocks and the partitioned blocks it holds."""
   engine, state = result.method.engine, result.state
   member = np.asarray(state.membership) if engine.partitioned else None
-  return {c: engine.worker_network(jax.device_get(getattr(state, f)), member, w)
+  return {c: engine.layout.worker_network(jax.device_get(getattr(state, f)), member, w)
           for c, f in (('params', 'params'), ('batch_stats', 'batch_stats'))}
 
 
@@ -221,6 +222,29 @@ def test_matches_the_sequential_reference(method, workdir, request):
       assert_trees_close(mine, stored_part(reference_replica(config, 5, redraw=False)[0], mine), tol=1e-3)
 
 
+def test_an_engine_built_from_a_spec_alone_matches_the_reference():
+  """The engine needs no config and no Setup: a ReplicaSpec (seed and batch included) and the training
+  pieces (model, optimizer, learning-rate schedule, preprocessing) build it, and 5 steps of ResIST at L = 2
+  driven by hand equal the sequential reference (tolerance as in the test above)."""
+  from jaxdecouple.optim import make_optimizer, make_schedule
+  from jaxdecouple.replica import Replica, ReplicaSpec
+  config = replica_config('resist')
+  ds = load_dataset(config.data, config.dataset)
+  spec = ReplicaSpec(num_workers=4, local_steps=2, partition=True, seed=config.seed, batch_size=config.batch_size)
+  engine = Replica(build_model(config.model, ds.num_classes), spec, jax.devices(), make_optimizer(config.optim),
+                   make_schedule(config.optim, len(ds.x_train) // config.batch_size),
+                   Preprocess(ds.mean, ds.std, config.data.crop_padding, config.data.flip, config.data.augment))
+  state = engine.init(jax.random.key(config.seed), engine.train_batch(ds.x_train, ds.y_train, 0))
+  for t in range(5):
+    state, _ = engine.step(state, engine.train_batch(ds.x_train, ds.y_train, t), t)
+  reference = reference_replica(config, 5)
+  member = np.asarray(state.membership)
+  for w in range(4):
+    mine = {c: engine.layout.worker_network(jax.device_get(getattr(state, f)), member, w)
+            for c, f in (('params', 'params'), ('batch_stats', 'batch_stats'))}
+    assert_trees_close(mine, stored_part(reference[w], mine), tol=1e-3)
+
+
 def test_a_local_sgd_warm_up_then_resist_matches_the_reference(workdir):
   """replica.warmup_steps = 2 (one round of local SGD, partitioned branches scaled by 1/S), then ResIST:
   each worker then stores only its blocks; and a run stopped after the switch of layouts restores its
@@ -253,7 +277,7 @@ def test_the_naive_partition_deals_out_every_section_and_matches_the_reference(w
   result = train_and_evaluate(config, workdir)
   e = result.method.engine
   assert [g.names for g in e.groups] == list(sections) and [g.key for g in e.groups] == ['slots_s1', SLOTS]
-  assert [g.slots for g in e.groups] == [1, 3] and e.slots == 4
+  assert [g.slots for g in e.groups] == [1, 3] and e.layout.slots == 4
   member = np.asarray(result.state.membership)
   assert member.shape == (2, 6) and (member.sum(axis=0) == 1).all()  # every block one owner, s1b0 too
   assert set(result.state.params) == {'stem', 's2b0', 's3b0', 's4b0', 'head', 'slots_s1', SLOTS}
@@ -350,17 +374,17 @@ def test_a_worker_stores_only_its_sub_network(workdir):
   block = sum(nbytes(full[c]['s3b1']) for c in full)
   shared += nbytes({n: v for n, v in full['params'].items() if n not in engine.partitioned})  # momentum
   block += nbytes(full['params']['s3b1'])
-  assert engine.slots == 2 and len(engine.partitioned) == 5
+  assert engine.layout.slots == 2 and len(engine.partitioned) == 5
   for t in range(5):  # two repartitions
     held = engine.resident_bytes(state)
-    assert list(held.values()) == [shared + engine.slots * block] * 4, (held, shared, block)
+    assert list(held.values()) == [shared + engine.layout.slots * block] * 4, (held, shared, block)
     member = np.asarray(state.membership)
     for w in range(4):
-      for j in range(member[w].sum(), engine.slots):  # leftover slots: zero
+      for j in range(member[w].sum(), engine.layout.slots):  # leftover slots: zero
         assert all((np.asarray(x)[w, j] == 0).all()
                    for x in jax.tree.leaves((state.params[SLOTS], state.opt_state[1].trace[SLOTS])))
     state, _ = method.step(state, method.train_batch(ds.x_train, ds.y_train, order, t), t)
-  assert shared + engine.slots * block < nbytes(full) + nbytes(full['params'])  # less than the network
+  assert shared + engine.layout.slots * block < nbytes(full) + nbytes(full['params'])  # less than the network
 
 
 def test_slots_hold_the_largest_sub_network():
@@ -435,24 +459,24 @@ def test_aggregation_matches_numpy(momentum):
   state = state._replace(params=engine.put_workers(params), batch_stats=engine.put_workers(stats),
                          opt_state=engine.put_workers(opt))
   out = engine.aggregate(state, 0)
-  nxt = engine.membership(1)
+  nxt = engine.layout.membership(1)
   np.testing.assert_equal(np.asarray(out.membership), nxt)
 
   def expect(tree, w):
-    views = [engine.worker_network(tree, member, v) for v in range(4)]
+    views = [engine.layout.worker_network(tree, member, v) for v in range(4)]
     names = [n for n in views[0] if n not in engine.partitioned]
     names += [engine.partitioned[b] for b in np.flatnonzero(nxt[w])]  # w's blocks next round
     return {n: jax.tree.map(lambda *xs: np.mean(xs, axis=0), *[v[n] for v in views if n in v]) for n in names}
   trace = lambda o: o[1].trace
   for w in range(4):
-    got = lambda tree: engine.worker_network(jax.device_get(tree), nxt, w)
+    got = lambda tree: engine.layout.worker_network(jax.device_get(tree), nxt, w)
     assert_trees_close(got(out.params), expect(params, w), tol=1e-6)
     assert_trees_close(got(out.batch_stats), expect(stats, w), tol=1e-6)
     want = expect(trace(opt), w)
     if momentum == 'restart':
       want = jax.tree.map(np.zeros_like, want)
     assert_trees_close(got(trace(out.opt_state)), want, tol=1e-6)
-    for j in range(nxt[w].sum(), engine.slots):
+    for j in range(nxt[w].sum(), engine.layout.slots):
       assert all((np.asarray(x)[w, j] == 0).all() for x in jax.tree.leaves(out.params[SLOTS]))
 
 
@@ -485,11 +509,11 @@ def test_batch_statistics_average_only_every_period():
   assert_trees_close(jax.device_get(out.batch_stats), stats, tol=0)  # kept, per worker
   assert_trees_close(jax.device_get(out.params), jax.tree.map(lambda x: np.broadcast_to(x.mean(0), x.shape), params),
                      tol=1e-6)
-  assert engine.last_traffic.all_reduce == engine.shared_bytes(state) - engine.stats_bytes(state)
+  assert engine.last_traffic.all_reduce == engine.averaging.shared_bytes(state) - engine.averaging.stats_bytes(state)
   out = engine.aggregate(out, 1)
   assert_trees_close(jax.device_get(out.batch_stats), jax.tree.map(lambda x: np.broadcast_to(x.mean(0), x.shape), stats),
                      tol=1e-6)
-  assert engine.last_traffic.all_reduce == engine.shared_bytes(state)
+  assert engine.last_traffic.all_reduce == engine.averaging.shared_bytes(state)
 
 
 @pytest.mark.parametrize('bits,keep', [(0, 0.25), (4, 0.0), (5, 0.25), (8, 0.5)])
@@ -516,15 +540,15 @@ def test_compressed_repartition_sends_encoded_parameters(method):
   member = np.asarray(state.membership) if engine.partitioned else None
   params, stats = noisy(state.params, 2), noisy(state.batch_stats, 5)
   if engine.partitioned:  # leftover slots stay zero
-    empty = np.arange(engine.slots)[None, :] >= member.sum(1)[:, None]
+    empty = np.arange(engine.layout.slots)[None, :] >= member.sum(1)[:, None]
     params[SLOTS] = jax.tree.map(lambda x: np.where(empty.reshape(*empty.shape, *[1] * (x.ndim - 2)), 0, x), params[SLOTS])
   out = engine.aggregate(state._replace(params=engine.put_workers(params), batch_stats=engine.put_workers(stats)), 0)
-  nxt = engine.membership(1) if engine.partitioned else None
-  views = [engine.worker_network(params, member, w) for w in range(4)]
-  stat_views = [engine.worker_network(stats, member, w) for w in range(4)]
+  nxt = engine.layout.membership(1) if engine.partitioned else None
+  views = [engine.layout.worker_network(params, member, w) for w in range(4)]
+  stat_views = [engine.layout.worker_network(stats, member, w) for w in range(4)]
   for w in range(4):
-    got = engine.worker_network(jax.device_get(out.params), nxt, w)
-    got_stats = engine.worker_network(jax.device_get(out.batch_stats), nxt, w)
+    got = engine.layout.worker_network(jax.device_get(out.params), nxt, w)
+    got_stats = engine.layout.worker_network(jax.device_get(out.batch_stats), nxt, w)
     for n, tree in got.items():
       if n not in engine.partitioned:
         want = jax.tree.map(lambda *xs: np.mean([numpy_compress(x, 4, 0.5) for x in xs], axis=0), *[v[n] for v in views])
@@ -538,14 +562,14 @@ def test_compressed_repartition_sends_encoded_parameters(method):
       assert_trees_close(got_stats[n], stat_views[owner][n], tol=0)
   traffic = engine.last_traffic
   if engine.partitioned:
-    codec = engine.codec(state)
+    codec = engine.averaging.codec(state)
     moved = sum(1 for w in range(4) for b in np.flatnonzero(nxt[w]) if not member[w, b])  # one device per worker
     assert traffic.sent.sum() == traffic.received.sum() == moved * codec.encoded_width
     # half the entries, each 4 bits plus a 4-byte index: about 0.56 of float32
-    assert codec.encoded_width < 0.6 * 4 * engine.row_width(state)
+    assert codec.encoded_width < 0.6 * 4 * engine.averaging.row_width(state)
   shared_f32 = sum(4 * x[0].size for tree in (params, stats) for n, v in tree.items() if n != SLOTS
                   for x in jax.tree.leaves(v))
-  assert traffic.all_reduce == engine.shared_bytes(state) < 0.6 * shared_f32
+  assert traffic.all_reduce == engine.averaging.shared_bytes(state) < 0.6 * shared_f32
 
 
 @pytest.mark.parametrize('workers,per_device,depth', [(4, 1, 0), (4, 2, 0), (8, 2, 4), (4, 1, 3)])
@@ -599,7 +623,7 @@ def test_a_resist_round_moves_its_share_of_local_sgds_bytes():
   full = jax.device_get(e.model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3))))
   size = lambda names: 4 * sum(x.size for c in full for n in names if n in full[c] for x in jax.tree.leaves(full[c][n]))
   shared, block = size([n for n in e.chain.names if n not in e.partitioned]), size(['s3b1'])
-  now, nxt = e.membership(0), e.membership(1)
+  now, nxt = e.layout.membership(0), e.layout.membership(1)
   moved = sum(1 for w in range(4) for b in np.flatnonzero(nxt[w]) if not now[w, b])
   assert traffic['localsgd'].all_reduce == shared + 5 * block and not traffic['localsgd'].sent.any()
   assert traffic['resist'].all_reduce == shared
@@ -645,7 +669,7 @@ def test_the_papers_deeper_resnets_partition_their_longer_third_sections():
 
 def test_table_8s_config_builds_each_cell_and_refuses_others():
   import importlib.util
-  from jaxdecouple.config import validate
+  from jaxdecouple.methods import validate
   from jaxdecouple.papers import RESIST_DEEPER
   path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'resist_deeper.py')
   spec = importlib.util.spec_from_file_location('resist_deeper', path)
@@ -667,13 +691,11 @@ def test_communication_for_resnet101_against_the_papers_table():
   matches the paper's Table 1 exactly, and so does ResIST at S = 2; the paper's S = 4 and S = 8
   figures are exactly sub-networks of 6 and 4 blocks (our plain partition gives 5.5 and 2.75 blocks
   on average: 0.701 and 1.195 GB), i.e. a minimum depth of 6 and 4."""
-  from jaxdecouple.common import Setup
-  from jaxdecouple.replica import Replica, ReplicaSpec
+  from jaxdecouple.replica import Replica, ReplicaSpec, traffic_model
   model = build_model('preact101', 100)
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3))))['params']
-  setup = Setup(tiny_config(), model, None, None, None, 1, jax.devices())
-  traffic = lambda workers, **kw: Replica(setup, ReplicaSpec(workers, 50, **kw), jax.devices()).traffic_model(
-      shapes, 0)['total'] / 1e9
+  traffic = lambda workers, **kw: traffic_model(Replica(model, ReplicaSpec(workers, 50, **kw), jax.devices(), None,
+                                                        None, None), shapes, 0)['total'] / 1e9
   for workers, local_gb, resist_gb, depth in ((2, 0.662, 0.454, 0), (4, 1.325, 0.720, 6), (8, 2.649, 1.289, 4)):
     assert traffic(workers, partition=False) == pytest.approx(local_gb, abs=6e-4)
     assert traffic(workers, partition=True, min_depth=depth) == pytest.approx(resist_gb, abs=6e-4)

@@ -70,11 +70,11 @@ class Chain:
       block_vars = {c: v[key] for c, v in variables.items() if key in v}
       if count > 1:
         def body(x, v, module=module):
-          x, stats = _apply_block(module, v, x, train)
+          x, stats = apply_block(module, v, x, train)
           return x, stats
         x, stats = jax.lax.scan(body, x, block_vars)
       else:
-        x, stats = _apply_block(module, block_vars, x, train)
+        x, stats = apply_block(module, block_vars, x, train)
       if 'batch_stats' in block_vars:
         new_stats[key] = stats
       i += count
@@ -84,7 +84,8 @@ class Chain:
     return Chain(self.names[start:stop], self.modules[start:stop], self.scan_min)
 
 
-def _apply_block(module, block_vars, x, train: bool):
+def apply_block(module, block_vars, x, train: bool):
+  """One block's output and its batch statistics (updated when training with BatchNorm, else as given)."""
   if train and 'batch_stats' in block_vars:
     x, updated = module.apply(block_vars, x, train=True, mutable=['batch_stats'])
     return x, updated['batch_stats']

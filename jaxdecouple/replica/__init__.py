@@ -1,7 +1,11 @@
 """The width-wise engine: workers, partitions, local rounds and averaging."""
-from jaxdecouple.replica.engine import Replica, ReplicaSpec, ReplicaState, SLOTS, slot_apply
-from jaxdecouple.replica.wire import compress
+from jaxdecouple.models.slots import SLOTS, SlotGroup, slot_apply
+from jaxdecouple.replica.accounting import describe, traffic_model
+from jaxdecouple.replica.engine import Replica, ReplicaSpec
+from jaxdecouple.replica.layout import Layout, ReplicaState, slot_count
 from jaxdecouple.replica.partition import draw_partition, partitioned_blocks, slice_sizes, test_time_scale
+from jaxdecouple.replica.wire import compress
 
-__all__ = ['Replica', 'ReplicaSpec', 'ReplicaState', 'SLOTS', 'compress', 'draw_partition', 'slot_apply',
-           'partitioned_blocks', 'slice_sizes', 'test_time_scale']
+__all__ = ['Layout', 'Replica', 'ReplicaSpec', 'ReplicaState', 'SLOTS', 'SlotGroup', 'compress', 'describe',
+           'draw_partition', 'partitioned_blocks', 'slice_sizes', 'slot_apply', 'slot_count', 'test_time_scale',
+           'traffic_model']

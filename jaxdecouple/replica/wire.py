@@ -8,6 +8,7 @@ places, zero elsewhere. ``compress`` is decode after encode, the numbers the rec
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -117,10 +118,8 @@ class Codec:
   def decode(self, rows: jax.Array) -> jax.Array:
     return jax.vmap(self.decode_row)(rows)
 
-  @property
+  @functools.cached_property
   def jitted(self):
     """(encode, decode, round trip), each jitted once for this codec."""
-    if not hasattr(self, '_jitted'):
-      self._jitted = (jax.jit(self.encode), jax.jit(self.decode), jax.jit(lambda r: self.decode(self.encode(r))))
-    return self._jitted
+    return jax.jit(self.encode), jax.jit(self.decode), jax.jit(lambda r: self.decode(self.encode(r)))
 

@@ -1,0 +1,89 @@
+"""The ``replica`` config section of the width-wise methods: its checks and the engine spec it builds.
+
+As a config section that builds its own object (levanter's ``optim/config.py``): ``validate`` refuses a
+bad field with one line before any compute, ``spec`` turns the section into the ``ReplicaSpec`` the
+engine is built from, so the engine never sees a config.
+"""
+from __future__ import annotations
+
+from jaxdecouple.errors import fail
+from jaxdecouple.models import build_model
+from jaxdecouple.models.slots import SKIPS
+from jaxdecouple.replica import ReplicaSpec
+from jaxdecouple.replica.partition import SCOPES, partitioned_groups
+
+
+def validate(config, name: str, partition: bool, average: bool) -> None:
+  """Checks ``config.replica`` for method ``name`` (``partition``: it deals blocks out; ``average``: it
+  averages at all)."""
+  r = config.replica
+  if r.num_workers < 1:
+    fail('replica.num_workers', f'must be at least 1, got {r.num_workers}')
+  if r.local_steps < 1:
+    fail('replica.local_steps', f'must be at least 1, got {r.local_steps}')
+  if r.momentum not in ('restart', 'average'):
+    fail('replica.momentum', f"{r.momentum!r} is not allowed; choose restart or average")
+  if r.batch_norm not in ('batch', 'running'):
+    fail('replica.batch_norm', f"{r.batch_norm!r} is not allowed; choose batch or running")
+  if r.quantize_bits and not 4 <= r.quantize_bits <= 8:
+    fail('replica.quantize_bits', f'must be 0 (off) or 4..8, got {r.quantize_bits}')
+  if not 0 <= r.sparsify < 1:
+    fail('replica.sparsify', f'must be in [0, 1) (fraction kept; 0 = off), got {r.sparsify}')
+  if r.skip not in SKIPS:
+    fail('replica.skip', f"{r.skip!r} is not allowed; choose gather (default, fast everywhere) or cond")
+  if r.warmup_steps and (not partition or not average):
+    fail('replica.warmup_steps', f'is a local SGD warm-up before ResIST; {name} has none (leave it at 0)')
+  if r.warmup_steps < 0 or (r.local_steps >= 1 and r.warmup_steps % r.local_steps):
+    fail('replica.warmup_steps', f'must be 0 (none) or a multiple of replica.local_steps ({r.local_steps}), '
+         f'got {r.warmup_steps}')
+  if r.warmup_steps and config.max_steps and r.warmup_steps >= config.max_steps:
+    fail('replica.warmup_steps', f'{r.warmup_steps} is not shorter than the run (max_steps {config.max_steps}): '
+         'ResIST would never start')
+  if r.stats_every_steps < 0 or (r.local_steps >= 1 and r.stats_every_steps % r.local_steps):
+    fail('replica.stats_every_steps', f'must be 0 (every round) or a multiple of replica.local_steps '
+         f'({r.local_steps}), got {r.stats_every_steps}')
+  if r.min_depth < 0:
+    fail('replica.min_depth', f'must be non-negative, got {r.min_depth}')
+  if r.num_devices < 0:
+    fail('replica.num_devices', f'must be non-negative (0: as many as useful), got {r.num_devices}')
+  if r.num_devices and r.num_workers % r.num_devices:
+    fail('replica.num_devices', f'{r.num_devices} does not divide the {r.num_workers} workers (each device runs '
+         f'as many); use one of {", ".join(str(n) for n in range(1, r.num_workers + 1) if r.num_workers % n == 0)}'
+         ', or 0 for as many as divide them')
+  if r.partition not in SCOPES:
+    fail('replica.partition', f"{r.partition!r} is not allowed; choose {' or '.join(SCOPES)}")
+  if r.partition != 'third_section' and not partition:
+    fail('replica.partition', f'{name} partitions nothing (leave it at third_section)')
+  if r.partition == 'every_section' and r.min_depth:
+    fail('replica.min_depth', "the naive partition (replica.partition='every_section') deals every section out "
+         'on its own, as the paper\'s A.1 does, without a minimum depth; leave replica.min_depth at 0')
+  if partition:
+    try:
+      blocks = len(partitioned_groups(build_model(config.model, 10))[0])
+    except ValueError as e:
+      fail('model', str(e))
+    # (the naive partition: a section with fewer blocks than workers leaves some workers without one)
+    if r.partition == 'third_section' and r.num_workers > blocks and r.min_depth == 0:
+      fail('replica.num_workers', f'{config.model} has {blocks} partitioned blocks, fewer than the '
+           f'{r.num_workers} workers; use at most {blocks} workers or set replica.min_depth')
+    if r.min_depth > blocks:
+      fail('replica.min_depth', f'{config.model} has only {blocks} partitioned blocks, got {r.min_depth}')
+
+
+def spec(config, partition: bool, average: bool, redraw: bool) -> ReplicaSpec:
+  """The engine's spec from the (validated) config."""
+  r = config.replica
+  return ReplicaSpec(r.num_workers, r.local_steps, partition=partition, seed=config.seed,
+                     batch_size=config.batch_size, average=average, redraw=redraw, min_depth=r.min_depth,
+                     momentum=r.momentum, batch_norm=r.batch_norm, quantize_bits=r.quantize_bits,
+                     sparsify=r.sparsify, skip=r.skip, test_time_scale=r.test_time_scale,
+                     stats_every=max(1, r.stats_every_steps // r.local_steps),
+                     scope=r.partition if partition else 'third_section')
+
+
+def devices(section, available):
+  """The devices the workers are spread over: ``replica.num_devices`` of them (0: all present)."""
+  n = section.num_devices or len(available)
+  if n > len(available):
+    fail('replica.num_devices', f'{n} devices asked for but only {len(available)} present')
+  return list(available[:n])

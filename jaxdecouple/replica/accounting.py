@@ -1,0 +1,64 @@
+"""What a replica run stores and sends, for the start-up log: measured figures and the paper's model.
+
+Measured: the bytes resident on each device (``Replica.resident_bytes``, from the arrays' shards) and
+each round's traffic (``Replica.last_traffic``, from the arrays handed to the transfers and collectives).
+Beside them, labelled a model, the ResIST paper's Table 1 count of a round's bytes.
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from jaxdecouple.replica.engine import Replica
+from jaxdecouple.replica.layout import ReplicaState
+
+
+def traffic_model(engine: Replica, params, round_index: int, bytes_per_param: float = 4.0) -> dict[str, float]:
+  """A model (a formula, not a measurement) of the bytes of one round as the paper's Table 1 counts
+  them: each worker sends what it trained (shared layers and its blocks of this round) and receives
+  its network for the next round; everything for local SGD. The measured figures: ``last_traffic``."""
+  spec, layout = engine.spec, engine.layout
+  shared, blocks = layout.parameter_counts(params)
+  sizes = np.array([blocks[n] for n in layout.partitioned], np.float64)
+  now, nxt = layout.membership(round_index), layout.membership(round_index + 1)
+  if not layout.partitioned:
+    now = nxt = np.zeros((spec.num_workers, 0), bool)
+  per_param = bytes_per_param * (spec.quantize_bits / 32 if spec.quantize_bits else 1.0)
+  if spec.sparsify:  # the kept values and their int32 indices
+    per_param = spec.sparsify * (per_param + 4)
+  sent = [(shared + float(sizes @ now[w])) * per_param for w in range(spec.num_workers)]
+  received = [(shared + float(sizes @ nxt[w])) * bytes_per_param for w in range(spec.num_workers)]
+  return {'sent_per_worker': float(np.mean(sent)), 'received_per_worker': float(np.mean(received)),
+          'total': float(np.sum(sent) + np.sum(received))}
+
+
+def describe(engine: Replica, state: ReplicaState) -> list[str]:
+  """Lines for the start-up log: workers and devices, the partition, what each device stores (measured)
+  and a round's bytes (the paper's count, labelled a model; the measured ones are logged each round)."""
+  s, layout = engine.spec, engine.layout
+  network = layout.network_shapes(state.params)
+  shared, blocks = layout.parameter_counts(network)
+  devices = engine.mesh.devices.size
+  lines = [f'{s.num_workers} workers on {devices} device{"s" if devices > 1 else ""} ({engine.per_device} per device), '
+           f'{s.local_steps} local iterations per round, batch {s.batch_size} per worker, '
+           f'momentum {s.momentum}, BatchNorm {s.batch_norm} statistics']
+  if layout.partitioned:
+    groups = ', '.join(f'{g.names[0]}..{g.names[-1]}' if len(g.names) > 1 else g.names[0] for g in layout.groups)
+    slots = ' + '.join(str(g.slots) for g in layout.groups)
+    line = (f'  partitioned: {len(layout.partitioned)} blocks ({groups}, {sum(blocks.values()) / 1e6:.2f}M params); '
+            f'shared: {shared / 1e6:.2f}M params; each worker holds the shared layers and {slots} block slots')
+    if isinstance(state.membership, jax.Array) and state.membership.is_fully_addressable:
+      sizes = np.asarray(jax.device_get(state.membership)).sum(axis=1)
+      line += f'; blocks per worker this round: {", ".join(map(str, sizes))}'
+    lines.append(line)
+  held = engine.resident_bytes(state)
+  lines.append('  stored on each of this process\'s devices (parameters, statistics, momentum; measured): '
+               + ', '.join(f'{d}: {b / 1e6:.1f} MB' for d, b in held.items()))
+  if s.average:
+    model = traffic_model(engine, network, 0)
+    full = 2 * (shared + sum(blocks.values())) * 4 * s.num_workers
+    lines.append(f'  communication per round, model (Table 1\'s count): {model["total"] / 1e9:.3f} GB for all '
+                 f'workers ({model["sent_per_worker"] / 1e6:.1f} MB sent, {model["received_per_worker"] / 1e6:.1f} '
+                 f'MB received per worker; local SGD: {full / 1e9:.3f} GB); measured figures are logged each '
+                 'round as sent_mb, received_mb, all_reduce_mb')
+  return lines
