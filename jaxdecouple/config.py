@@ -1,8 +1,9 @@
-"""The configuration schema: every field, its default, and the checks run before any compute.
+"""The configuration schema: every field, its default, and the field checks run before any compute.
 
 ``get_default_config()`` is the single source of the fields (``configs/default.py`` returns it);
 experiment files override it. ``validate(config)`` rejects unknown fields, wrong types and bad values
-with one :class:`ConfigError` line naming the field and what is allowed.
+with one :class:`ConfigError` line naming the field and what is allowed. It knows no method: each method
+checks its own sections (``Method.validate``), and ``jaxdecouple.methods.validate`` runs both.
 """
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ from typing import Any
 
 import ml_collections
 
-from jaxdecouple.errors import ConfigError
+from jaxdecouple.errors import fail
 
 
 def get_default_config() -> ml_collections.ConfigDict:
   """BP on CIFAR-10 ResNet-56 with the FDG paper's recipe (300 epochs, decays at 150/225/275)."""
   c = ml_collections.ConfigDict()
-  c.method = 'bp'              # see jaxdecouple.methods.METHODS
+  c.method = 'bp'              # see jaxdecouple.methods.METHODS (each checks its own section below)
   c.model = 'resnet56'         # see jaxdecouple.models.MODEL_HELP
   c.scan_blocks = 0            # runs of at least N identical blocks run as one scanned loop (0: never);
                                # ResNet-1202 compiles in seconds instead of minutes (docs/PERFORMANCE.md)
@@ -75,7 +76,7 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.dp = ml_collections.ConfigDict()  # data parallel
   c.dp.num_devices = 0         # 0: every device; the batch must divide evenly over them
 
-  c.pipeline = ml_collections.ConfigDict()  # depth-wise methods (fdg, ...)
+  c.pipeline = ml_collections.ConfigDict()  # the pipeline methods (fdg, adl, ddg, fr, dgl)
   c.pipeline.num_stages = 2    # K
   c.pipeline.beta = 1.0        # gradient shrinking; 1 = none
   c.pipeline.split = 'auto'    # auto (reference, else balanced), reference, balanced, or 's2b4,s3b0'
@@ -86,14 +87,15 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.pipeline.diagnose_every_steps = 0  # > 0: every N steps, each stage's applied gradient against BP's
                                        # (cosine, norm ratio) as kind "diagnose" lines; 0: off
 
-  c.replica = ml_collections.ConfigDict()  # width-wise methods (resist, localsgd, ensemble)
+  c.replica = ml_collections.ConfigDict()  # the replica methods (resist, localsgd, ensemble)
   c.replica.num_workers = 4    # S; batch_size is per worker, each worker shuffles the data on its own
   c.replica.local_steps = 50   # L local iterations per round, then averaging (and a new partition)
   c.replica.min_depth = 0      # resist: pad sub-networks to at least this many partitioned blocks
   c.replica.momentum = 'restart'   # restart (the release) or average (like the parameters)
   c.replica.batch_norm = 'batch'   # batch: batch statistics at train and test (the release); running
   c.replica.quantize_bits = 0  # 4..8: what a worker sends is quantised to this many bits; 0: off
-  c.replica.sparsify = 0.0     # (0, 1): a worker sends only this fraction of largest changes; 0: off
+  c.replica.sparsify = 0.0     # (0, 1): a worker sends only this fraction of its parameters, those of
+                               # largest magnitude (the weights, not their changes); 0: off
   c.replica.num_devices = 0    # 0: as many as divide num_workers; workers then share devices
   c.replica.warmup_steps = 0   # resist: local SGD (partitioned branches scaled) for this many steps first, a
                                # multiple of local_steps (the paper's section 2.6: a few epochs)
@@ -128,10 +130,6 @@ def set_fields(config, fields: dict) -> ml_collections.ConfigDict:
       target = target[part]
     target[last] = value
   return config
-
-
-def fail(field: str, message: str):
-  raise ConfigError(f'config.{field}: {message}')
 
 
 def _check_types(config, default, prefix: str = ''):
@@ -218,11 +216,11 @@ def _check_streamed_data(config, data) -> None:
 
 
 def validate(config) -> None:
-  """Checks every field; raises ConfigError with one line naming the field and what is allowed."""
-  from jaxdecouple import data, methods, models  # the registries
+  """Checks every field; raises ConfigError with one line naming the field and what is allowed. The method's
+  name and sections are the method's to check (``jaxdecouple.methods.validate``)."""
+  from jaxdecouple import data, models  # the registries
 
   _check_types(config, get_default_config())
-  _choice(config, 'method', sorted(methods.METHODS))
   try:
     models.build_model(config.model, 10)
   except ValueError as e:
@@ -272,9 +270,6 @@ def validate(config) -> None:
     if field not in known:
       fail('resume_changes', f'{field!r} is not a config field (give dotted names, e.g. optim.learning_rate)')
   _positive(config, 'pipeline.diagnose_every_steps', allow_zero=True)
-  if config.pipeline.diagnose_every_steps and config.method not in ('fdg', 'adl', 'ddg', 'fr', 'dgl'):
-    fail('pipeline.diagnose_every_steps', f'compares a pipeline stage\'s gradient with back-propagation\'s; '
-         f'{config.method} has no stages (use fdg, adl, ddg, fr or dgl, or leave it at 0)')
   _check_streamed_data(config, data)
   if config.data.source == 'npz' and not config.data.path:
     fail('data.path', "is required when data.source='npz' (a .npz with x_train, y_train, x_test, y_test)")
@@ -286,15 +281,8 @@ def validate(config) -> None:
       fail('distributed.num_processes', f'must be at least 2 with a coordinator, got {d.num_processes}')
     if not 0 <= d.process_id < d.num_processes:
       fail('distributed.process_id', f'must be in [0, {d.num_processes}), got {d.process_id}')
-  if d.coordinator and config.method in ('bp', 'dp'):
-    fail('distributed.coordinator', f'several processes run the pipeline and replica methods; {config.method} '
-         'runs in one process')
   if d.transfer_address and (':' not in d.transfer_address or not d.transfer_address.rsplit(':', 1)[1].isdigit()):
     fail('distributed.transfer_address', f"must be '' (automatic) or HOST:PORT, got {d.transfer_address!r}")
-  if d.coordinator == 'auto' and methods.METHODS[config.method].transfers and not d.transfer_address:
-    fail('distributed.transfer_address', f"is required with coordinator='auto' for {config.method}: HOST:PORT where "
-         "this process receives what the other processes send it")
   if d.coordinator and config.pipeline.diagnose_every_steps:
     fail('pipeline.diagnose_every_steps', 'compares stages with back-propagation on one device, so it runs in one '
          'process; leave it at 0 in a multi-process run')
-  methods.METHODS[config.method].validate(config)

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import tiny_config
-from jaxdecouple.config import validate
+from jaxdecouple.methods import validate
 from jaxdecouple.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

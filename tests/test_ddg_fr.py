@@ -90,3 +90,9 @@ def test_resume_is_exact(method, workdir, tmp_path):
 def test_replay_is_only_for_fr(workdir):
   with pytest.raises(ConfigError, match="config.pipeline.keep: 'replay' is not allowed for ddg.*method 'fr'"):
     train_and_evaluate(locked_config('ddg', 2, **{'pipeline.keep': 'replay'}), workdir)
+
+
+def test_fr_refuses_another_keep(workdir):
+  """FR always keeps its inputs and replays them: a pipeline.keep other than the default is refused, not ignored."""
+  with pytest.raises(ConfigError, match="config.pipeline.keep: fr always keeps 'replay'"):
+    train_and_evaluate(locked_config('fr', 2, **{'pipeline.keep': 'recompute'}), workdir)

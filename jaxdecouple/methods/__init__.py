@@ -1,4 +1,6 @@
 """Training methods, each a small configuration of an engine behind the interface in base.py."""
+from jaxdecouple import config as config_fields
+from jaxdecouple.errors import fail
 from jaxdecouple.methods.adl import ADL
 from jaxdecouple.methods.base import Method, Setup, classification_loss
 from jaxdecouple.methods.bp import BP
@@ -11,4 +13,14 @@ from jaxdecouple.methods.replicated import Ensemble, LocalSGD, ResIST
 
 METHODS: dict[str, type[Method]] = {m.name: m for m in (BP, DP, FDG, ADL, DDG, FR, DGL, ResIST, LocalSGD, Ensemble)}
 
-__all__ = ['METHODS', 'Method', 'Setup', 'classification_loss']
+
+def validate(config) -> None:
+  """The whole config, before any compute: every field (``config.validate``), the method's name, then the
+  method's own sections (``Method.validate``). Raises ConfigError with one line naming the field."""
+  config_fields.validate(config)
+  if config.method not in METHODS:
+    fail('method', f'{config.method!r} is not allowed; choose one of: {", ".join(sorted(METHODS))}')
+  METHODS[config.method].validate(config)
+
+
+__all__ = ['METHODS', 'Method', 'Setup', 'classification_loss', 'validate']

@@ -6,7 +6,7 @@ step, with the learning rate not divided by M. Staleness measured in updates dro
 to about d_k / M. Mode B (default): update, then forward the new micro-batch; mode A: forward with
 the pre-update parameters. M = 1 in mode B is FDG.
 """
-from jaxdecouple.config import fail
+from jaxdecouple.errors import fail
 from jaxdecouple.methods.pipelined import PipelineMethod
 from jaxdecouple.pipeline import Schedule
 

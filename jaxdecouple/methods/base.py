@@ -14,6 +14,7 @@ import jax
 
 from jaxdecouple.common import Setup, classification_loss  # noqa: F401  (part of this interface)
 from jaxdecouple.data import Batch
+from jaxdecouple.errors import fail
 
 
 class Method(abc.ABC):
@@ -27,7 +28,15 @@ class Method(abc.ABC):
 
   @classmethod
   def validate(cls, config) -> None:
-    """Method-specific config checks; raise ConfigError. Runs before any compute."""
+    """This method's own config checks (its sections; raise ConfigError with ``errors.fail``), before any
+    compute. Subclasses add theirs and call this one."""
+    d = config.distributed
+    if d.coordinator == 'auto' and cls.transfers and not d.transfer_address:
+      fail('distributed.transfer_address', f"is required with coordinator='auto' for {cls.name}: HOST:PORT where "
+           "this process receives what the other processes send it")
+    if config.pipeline.diagnose_every_steps and not cls.pipelined:
+      fail('pipeline.diagnose_every_steps', f'compares a pipeline stage\'s gradient with back-propagation\'s; '
+           f'{cls.name} has no stages (use a pipeline method, or leave it at 0)')
 
   @abc.abstractmethod
   def init(self, rng: jax.Array, example: Batch) -> Any:

@@ -10,6 +10,7 @@ import numpy as np
 
 from jaxdecouple.common import use_split_backward, vjp_call
 from jaxdecouple.data import Batch, train_inputs
+from jaxdecouple.errors import fail
 from jaxdecouple.methods.base import Method, classification_loss
 
 
@@ -21,6 +22,13 @@ class BPState(NamedTuple):
 
 class BP(Method):
   name = 'bp'
+
+  @classmethod
+  def validate(cls, config) -> None:
+    super().validate(config)
+    if config.distributed.coordinator:
+      fail('distributed.coordinator', f'several processes run the pipeline and replica methods; {cls.name} '
+           'runs in one process')
 
   def init(self, rng, example: Batch) -> BPState:
     x = jnp.zeros((1, *example.images.shape[1:]), jnp.float32)

@@ -6,7 +6,7 @@ delayed. Stages are pipelined: stage k works on micro-batch t-k, the output stag
 iteration earlier. The auxiliary heads' parameters are the price of the method (logged at start);
 evaluation runs the real network with its real head.
 """
-from jaxdecouple.config import fail
+from jaxdecouple.errors import fail
 from jaxdecouple.methods.pipelined import PipelineMethod
 from jaxdecouple.pipeline import Schedule
 

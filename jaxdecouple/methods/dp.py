@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxdecouple.config import fail
+from jaxdecouple.errors import fail
 from jaxdecouple.data import Batch, train_inputs
 from jaxdecouple.methods.base import Setup, classification_loss
 from jaxdecouple.methods.bp import BP, BPState
@@ -25,6 +25,7 @@ class DP(BP):
 
   @classmethod
   def validate(cls, config) -> None:
+    super().validate(config)
     if config.dp.num_devices < 0:
       fail('dp.num_devices', f'must be non-negative (0: every device), got {config.dp.num_devices}')
 

@@ -9,5 +9,4 @@ from jaxdecouple.methods.ddg import DDG
 
 class FR(DDG):
   name = 'fr'
-  allowed_keeps = ('vjp', 'recompute', 'replay')  # ignored: FR always keeps its inputs and replays
-  keep = 'replay'
+  keep = 'replay'  # always its inputs, replayed: pipeline.keep is refused

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 
 from jaxdecouple.common import use_split_backward
-from jaxdecouple.config import fail
+from jaxdecouple.errors import fail
 from jaxdecouple.data import Batch, train_inputs
 from jaxdecouple.methods.base import Method, Setup
 from jaxdecouple.models import build_model
@@ -15,7 +15,6 @@ from jaxdecouple.pipeline.engine import is_local
 
 class PipelineMethod(Method):
   """A method that is one configuration of the pipeline engine: its schedule and what a stage keeps."""
-  allowed_keeps: tuple[str, ...] = ('vjp', 'recompute')  # what pipeline.keep may say
   keep: str | None = None  # what a stage keeps of a forward, when the method fixes it (else pipeline.keep)
   accumulates = False  # whether pipeline.accumulation and pipeline.adl_mode mean anything here
   pipelined = True
@@ -27,15 +26,17 @@ class PipelineMethod(Method):
 
   @classmethod
   def validate(cls, config) -> None:
+    super().validate(config)
     p = config.pipeline
     if p.num_stages < 1:
       fail('pipeline.num_stages', f'must be at least 1, got {p.num_stages}')
     if not 0 < p.beta <= 1:
       fail('pipeline.beta', f'must be in (0, 1], got {p.beta}')
-    if p.keep not in cls.allowed_keeps:
+    if cls.keep and p.keep != 'vjp':  # the default: a method that fixes what it keeps takes no other
+      fail('pipeline.keep', f'{cls.name} always keeps {cls.keep!r}; leave pipeline.keep at its default (vjp)')
+    if not cls.keep and p.keep not in ('vjp', 'recompute'):
       hint = " ('replay' is features replay: method 'fr')" if p.keep == 'replay' else ''
-      fail('pipeline.keep', f'{p.keep!r} is not allowed for {cls.name}; choose one of: '
-           f'{", ".join(cls.allowed_keeps)}{hint}')
+      fail('pipeline.keep', f'{p.keep!r} is not allowed for {cls.name}; choose vjp or recompute{hint}')
     if not cls.accumulates and (p.accumulation != 1 or p.adl_mode != 'B'):
       fail('pipeline.accumulation' if p.accumulation != 1 else 'pipeline.adl_mode',
            f"only method 'adl' accumulates gradients; {cls.name} needs the defaults "
