@@ -5,102 +5,20 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jaxdecouple.command_line import parse_flags, workdir_of
+
 config_flags.DEFINE_config_file('config', None, 'Experiment config file (configs/*.py).', lock_config=True)
 flags.DEFINE_string('workdir', None, 'Where metrics, checkpoints and TensorBoard files go; running '
                     'again with the same workdir resumes. Default: workdirs/<config file name>.')
 flags.mark_flags_as_required(['config'])
 
-
-def _config_path(argv) -> str | None:
-  """The value of --config in argv (``--config=FILE`` or ``--config FILE``), or None."""
-  for i, arg in enumerate(argv[1:], 1):
-    if arg.startswith('--config='):
-      return arg[len('--config='):]
-    if arg == '--config' and i + 1 < len(argv):
-      return argv[i + 1]
-  return None
-
-
-def check_config_file(path: str | None) -> str | None:
-  """Why the config file cannot give a config (one line), or None when it can."""
-  import importlib.util
-  import os
-  import ml_collections
-  if path is None:
-    return '--config is required: python main.py --config=configs/quickstart.py [--config.FIELD=VALUE ...]'
-  path, _, arg = path.partition('.py:')  # ml_collections' FILE.py:ARG form passes ARG to get_config
-  path, args = (path + '.py', (arg,)) if _ else (path, ())
-  if not path.endswith('.py') or not os.path.isfile(path):
-    return (f'--config={path}: no such file' if not os.path.exists(path) else
-            f'--config={path}: not a Python config file') + ' (the configs are in configs/*.py)'
-  try:
-    spec = importlib.util.spec_from_file_location('jaxdecouple_config_file', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-  except SyntaxError as e:
-    return f'--config={path}: syntax error at line {e.lineno}: {e.msg}'
-  except Exception as e:  # noqa: BLE001  whatever the file raises while loading
-    return f'--config={path}: loading it raised {type(e).__name__}: {e}'
-  if not callable(getattr(module, 'get_config', None)):
-    return f'--config={path}: defines no get_config() function returning the config'
-  try:
-    config = module.get_config(*args)
-  except Exception as e:  # noqa: BLE001
-    return f'--config={path}: get_config() raised {type(e).__name__}: {e}'
-  if not isinstance(config, ml_collections.ConfigDict):
-    return (f'--config={path}: get_config() returned a {type(config).__name__}, not an ml_collections.ConfigDict '
-            '(start from jaxdecouple.config.get_default_config())')
-  return None
-
-
-def parse_flags(argv):
-  """absl's flag parsing, with a bad config file, bad --config.FIELD overrides and stray arguments
-  reported as one line (exit status 2)."""
-  if not any(a in ('--help', '-h', '--helpfull', '-?') for a in argv[1:]):
-    problem = check_config_file(_config_path(argv))
-    if problem:
-      print(f'error: {problem}', file=sys.stderr)
-      sys.exit(2)
-  try:
-    rest = flags.FLAGS(argv)
-    if len(rest) > 1:
-      message = (f'unexpected argument{"s" * (len(rest) > 2)} {" ".join(rest[1:])}: every setting is a flag, '
-                 'e.g. --workdir=DIR or --config.FIELD=VALUE')
-    else:
-      return rest
-  except flags.Error as e:
-    message = str(e)
-  except (AttributeError, KeyError) as e:  # ml_collections: an override names no field
-    message = str(e)
-    from jaxdecouple.config import get_default_config
-    for arg in argv[1:]:
-      if arg.startswith('--config.'):
-        path = arg[len('--config.'):].split('=', 1)[0].split('.')
-        node = get_default_config()
-        for i, part in enumerate(path):
-          if not hasattr(node, 'keys') or part not in node:
-            where = 'config' + ''.join('.' + p for p in path[:i])
-            allowed = ', '.join(sorted(node.keys())) if hasattr(node, 'keys') else '(none: not a group)'
-            message = f'--config.{".".join(path)}: unknown field; fields of {where}: {allowed}'
-            break
-          node = node[part]
-        else:
-          continue
-        break
-  print(f'error: {message}', file=sys.stderr)
-  sys.exit(2)
+__all__ = ['main', 'parse_flags']
 
 
 def main(argv):
   del argv  # parse_flags refused any positional argument
   config = flags.FLAGS.config
-  workdir = flags.FLAGS.workdir
-  if workdir is None:
-    workdir = f'workdirs/{flags.FLAGS["config"].config_filename.rsplit("/", 1)[-1][:-3]}'
-  elif not workdir.strip():
-    print('error: --workdir is empty: give a folder, or leave the flag out for workdirs/<config name>',
-          file=sys.stderr)
-    sys.exit(2)
+  workdir = workdir_of(flags.FLAGS.workdir, flags.FLAGS['config'].config_filename)
   # JAX must learn how many CPU devices to make before it first runs anything.
   import jax
   if config.get('cpu_devices', 0) > 0:

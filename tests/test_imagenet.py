@@ -14,7 +14,8 @@ from PIL import Image
 from conftest import assert_trees_equal, tiny_config
 from jaxdecouple.data import imagenet, stream
 from jaxdecouple.errors import DataError
-from jaxdecouple.train import Evaluator, train_and_evaluate
+from jaxdecouple.evaluate import Evaluator
+from jaxdecouple.train import train_and_evaluate
 
 
 @pytest.fixture(scope='module')

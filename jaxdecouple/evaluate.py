@@ -1,0 +1,82 @@
+"""Evaluation of the whole network on a test set: loss, top-1 and (100 classes or more) top-5 accuracy."""
+from __future__ import annotations
+
+import concurrent.futures
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdecouple.data import Preprocess, normalize
+
+
+class Evaluator:
+  """Test loss, top-1 (and, with 100 classes or more, top-5) accuracy of the whole network, batch by batch,
+  on one device.
+
+  ``predict(variables, images) -> logits`` is the method's (Method.predict_fn). The last, partial
+  batch is padded to the batch size (one compiled shape) unless ``exact_batches``: predictions that
+  use the batch's own BatchNorm statistics would change with padding, so it then runs at its size,
+  and the examples go in a fixed shuffled order, because test sets stored by class (the CIFAR-10 JPEG
+  copy) would otherwise give batches of one class, whose statistics are not the data's. A streamed test
+  set (``y`` None) is decoded batch by batch, the next batch while the device works on this one.
+  """
+
+  TOP5_FROM_CLASSES = 100
+
+  def __init__(self, predict, preprocess: Preprocess, batch_size: int, device: jax.Device,
+               exact_batches: bool = False, num_classes: int = 0):
+    self.batch_size = batch_size
+    self.device = device
+    self.exact_batches = exact_batches
+    self.num_classes = num_classes
+
+    @jax.jit
+    def sums(variables, images, labels, mask):
+      logits = predict(variables, normalize(images, preprocess)).astype(jnp.float32)
+      losses = -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1)[:, 0]
+      correct = jnp.argmax(logits, -1) == labels
+      if logits.shape[-1] >= 5:
+        correct5 = jnp.any(jax.lax.top_k(logits, 5)[1] == labels[:, None], axis=-1)
+      else:
+        correct5 = jnp.zeros_like(correct)
+      return jnp.sum(losses * mask), jnp.sum(correct * mask), jnp.sum(correct5 * mask)
+
+    self._sums = sums
+
+  def _batches(self, x, y):
+    """(images, labels) of each evaluation batch, in memory or decoded from a stream."""
+    order = np.random.default_rng(0).permutation(len(x)) if self.exact_batches else None
+    if y is not None:
+      if order is not None:
+        x, y = x[order], y[order]
+      for start in range(0, len(x), self.batch_size):
+        yield x[start:start + self.batch_size], y[start:start + self.batch_size]
+      return
+    order = np.arange(len(x)) if order is None else order
+    chunks = [order[a:a + self.batch_size] for a in range(0, len(x), self.batch_size)]
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='eval-prefetch') as ahead:
+      next_batch = ahead.submit(x.take, chunks[0])
+      for i in range(len(chunks)):
+        batch = next_batch.result()
+        if i + 1 < len(chunks):
+          next_batch = ahead.submit(x.take, chunks[i + 1])
+        yield batch
+
+  def __call__(self, variables, x, y: np.ndarray | None, prefix: str = 'test') -> dict[str, float]:
+    variables = jax.device_put(variables, self.device)
+    b = self.batch_size
+    parts = []
+    for xb, yb in self._batches(x, y):
+      mask = np.ones(len(xb), np.float32)
+      if len(xb) < b and not self.exact_batches:  # pad the last batch: one compiled shape
+        pad = b - len(xb)
+        xb = np.concatenate([xb, np.zeros((pad, *xb.shape[1:]), xb.dtype)])
+        yb = np.concatenate([yb, np.zeros(pad, yb.dtype)])
+        mask = np.concatenate([mask, np.zeros(pad, np.float32)])
+      parts.append(self._sums(variables, *jax.device_put((xb, yb, mask), self.device)))
+    totals = np.sum(np.asarray(jax.device_get(parts), np.float64), axis=0)
+    out = {f'{prefix}_loss': totals[0] / len(x), f'{prefix}_accuracy': totals[1] / len(x)}
+    if self.num_classes >= self.TOP5_FROM_CLASSES:
+      out[f'{prefix}_top5_accuracy'] = totals[2] / len(x)
+    return {k: float(v) for k, v in out.items()}

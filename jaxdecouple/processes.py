@@ -1,0 +1,86 @@
+"""Several processes in one run: joining it before JAX computes, and stopping all of them together.
+
+``start_processes`` joins the run (config.distributed) and sets where this process receives transfers;
+``StopSignal`` turns SIGTERM or Ctrl-C into one agreed stop with a checkpoint.
+"""
+from __future__ import annotations
+
+import signal
+import socket
+
+import jax
+from absl import logging
+
+
+def transfer_address(d) -> str:
+  """Where this process receives transfers (pipeline messages, ResIST's blocks) from other processes: ``d.transfer_address``, or this
+  host's address on the route to the coordinator, port = the coordinator's + 1 + process id."""
+  if d.transfer_address:
+    return d.transfer_address
+  host, port = d.coordinator.rsplit(':', 1)
+  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # no packet is sent: it only picks the route
+    try:
+      s.connect((host, int(port)))
+      here = s.getsockname()[0]
+    except OSError:
+      here = socket.gethostbyname(socket.gethostname())
+  return f'{here}:{int(port) + 1 + d.process_id}'
+
+
+def start_processes(d, transfers: bool = False) -> None:
+  """Joins a multi-process run (config.distributed) before JAX computes anything; on CPUs the
+  collectives between processes go through gloo; pipeline stages in different processes send their
+  messages, and ResIST its blocks, with JAX's cross-process transfers, which listen on ``transfer_address``."""
+  if not d.coordinator or jax.distributed.is_initialized():
+    return
+  if jax.config.jax_platforms in (None, '', 'cpu'):
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  if transfers and (d.transfer_address or d.coordinator != 'auto'):  # with 'auto', only when given
+    jax.config.update('jax_cross_host_transfer_socket_address', transfer_address(d))
+  if d.coordinator == 'auto':
+    jax.distributed.initialize()
+  else:
+    jax.distributed.initialize(d.coordinator, num_processes=d.num_processes, process_id=d.process_id)
+  logging.info('process %d of %d; %d local devices, %d in all', jax.process_index(), jax.process_count(),
+               jax.local_device_count(), jax.device_count())
+
+
+class StopSignal:
+  """Turns SIGTERM (preemption) into a clean stop after the current step, with a checkpoint. Across
+  processes, JAX's preemption service catches SIGTERM in whichever process receives it and the
+  processes agree on the step at which all of them stop (``poll``), so none is left waiting on a
+  transfer or collective from one that stopped."""
+
+  def __init__(self, processes: bool = False):
+    self.requested = False
+    self._previous = None
+    self._processes = processes
+
+  def poll(self, step: int) -> None:
+    """Call after every step with the number of steps done, in every process."""
+    if self._processes and not self.requested:
+      from jax.experimental import multihost_utils
+      if multihost_utils.reached_preemption_sync_point(step):
+        logging.warning('a process received SIGTERM: every process saves a checkpoint at step %d and stops', step)
+        self.requested = True
+
+  def __enter__(self):
+    """Installed for the whole run and removed only after the last checkpoint is written, so any number
+    of SIGTERMs (or Ctrl-Cs) saves once and stops once."""
+    self._previous = {}
+    for sig in (signal.SIGINT,) if self._processes else (signal.SIGTERM, signal.SIGINT):
+      try:  # across processes JAX's preemption notifier has SIGTERM; a Python handler would take it away
+        self._previous[sig] = signal.signal(sig, self._handler)
+      except ValueError:  # not in the main thread (e.g. some notebook kernels): no handler
+        pass
+    return self
+
+  def _handler(self, signum, frame):
+    if not self.requested:
+      logging.warning('%s received: saving a checkpoint and stopping after this step',
+                      signal.Signals(signum).name)
+    self.requested = True
+
+  def __exit__(self, *exc):
+    for sig, previous in self._previous.items():
+      signal.signal(sig, previous)

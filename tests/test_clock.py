@@ -1,0 +1,37 @@
+"""The training loop's clock and periodic actions: what is paused is not counted, a resumed epoch carries on."""
+import time
+
+from jaxdecouple.clock import Clock, itstime
+
+
+def test_itstime_fires_every_n_steps_and_at_the_end_when_asked():
+  assert [d for d in range(1, 11) if itstime(d, 4)] == [4, 8]
+  assert [d for d in range(1, 11) if itstime(d, 4, total=10, last=True)] == [4, 8, 10]
+  assert [d for d in range(1, 11) if itstime(d, 0)] == []  # 0: never
+  assert [d for d in range(1, 11) if itstime(d, 0, total=10, last=True)] == [10]
+
+
+def test_paused_time_counts_in_neither_clock():
+  clock = Clock()
+  clock.start()
+  time.sleep(0.05)
+  clock.tick()
+  with clock.paused():
+    time.sleep(0.3)
+  clock.tick()
+  seconds, steps = clock.epoch()
+  assert steps == 2 and 0.05 <= seconds < 0.25
+  interval, steps = clock.take_interval()
+  assert steps == 2 and 0.05 <= interval < 0.25
+  assert clock.take_interval()[1] == 0  # the interval clock starts again; the epoch clock does not
+  assert clock.epoch()[1] == 2
+
+
+def test_a_resumed_epoch_starts_from_what_it_had_trained():
+  clock = Clock()
+  clock.start(carried=(10.0, 3))
+  clock.tick()
+  seconds, steps = clock.epoch()
+  assert steps == 4 and 10.0 <= seconds < 10.2
+  clock.next_epoch()
+  assert clock.epoch()[1] == 0 and clock.epoch()[0] < 0.1
