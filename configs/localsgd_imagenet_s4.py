@@ -8,10 +8,10 @@ Paper (Table 3, top-1 accuracy): ImageNet 72.66%, ImageNet-V2 MF 59.88%, T-0.7 6
 (ResIST at S=4: 70.74%), 29.29 hours on 4 machines.
 Batch 256 per worker, 90 epochs, lr 0.1 / 10 at epochs 30 and 60, bfloat16 compute, 50 local iterations
 per round (the paper's ImageNet value of L is lost from its text; 50 is the release's).
-Not yet as the paper: its local-SGD warm-up epochs before ResIST starts and its BatchNorm aggregation
-every 1300 rounds (running statistics are averaged every round here) are the ResIST issue's options.
+As the paper: the shared layers' running BatchNorm statistics are averaged every 1300 rounds
+(replica.stats_every_steps).
 Workers run one per device (fewer devices: several per device, same numbers); several hosts:
-README "Several processes or hosts".
+docs/DISTRIBUTED.md.
 """
 from jaxdecouple.recipes import resist_imagenet
 
