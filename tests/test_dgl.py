@@ -88,7 +88,7 @@ def test_dgl_matches_the_sequential_reference(k, workdir, request):
   variables, heads = reference_dgl(config, 3)
   assert_trees_close(result.variables, variables, tol=5e-4)
   for stage, (params, stats) in zip(result.state.stages, heads):
-    assert_trees_close(stage.aux[:2], (params, stats), tol=5e-4)
+    assert_trees_close((stage.aux.params, stage.aux.batch_stats), (params, stats), tol=5e-4)
   assert not result.state.stages[-1].aux
 
 
@@ -109,7 +109,7 @@ def test_evaluation_uses_the_real_head_and_logs_the_extra_parameters(workdir):
   assert result.last_eval['test_accuracy'] >= 0
   model_params = sum(count_params(s.params) for s in result.state.stages)
   assert count_params(result.variables['params']) == model_params  # no auxiliary head in there
-  extra = sum(count_params(s.aux[0]) for s in result.state.stages[:-1])
+  extra = sum(count_params(s.aux.params) for s in result.state.stages[:-1])
   lines = result.method.describe(result.state)
   assert any(f'{extra / 1e6:.3f}M extra parameters' in line for line in lines)
   assert 'auxiliary head' in lines[1] and 'auxiliary head' not in lines[3]

@@ -12,6 +12,7 @@ import io
 import os
 import struct
 import zipfile
+from typing import NamedTuple
 
 import numpy as np
 
@@ -19,14 +20,24 @@ from jaxdecouple.errors import DataError
 
 DEFAULT_IDX_DIR = '/usr/share/datasets/fashion-mnist'
 
-# name -> (classes, image shape, per-channel mean, per-channel std, tfds name)
+
+class DatasetInfo(NamedTuple):
+  """What the code knows of a data set before loading it: its labels, its images' shape, the per-channel
+  mean and std its inputs are normalized with, and its name in tensorflow-datasets."""
+  num_classes: int
+  image_shape: tuple[int, int, int]
+  mean: tuple[float, ...]
+  std: tuple[float, ...]
+  tfds_name: str
+
+
 DATASETS = {
-    'cifar10': (10, (32, 32, 3), (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010), 'cifar10'),
-    'cifar100': (100, (32, 32, 3), (0.507, 0.487, 0.441), (0.267, 0.256, 0.276), 'cifar100'),
-    'fashion_mnist': (10, (28, 28, 1), (0.2860,), (0.3530,), 'fashion_mnist'),
+    'cifar10': DatasetInfo(10, (32, 32, 3), (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010), 'cifar10'),
+    'cifar100': DatasetInfo(100, (32, 32, 3), (0.507, 0.487, 0.441), (0.267, 0.256, 0.276), 'cifar100'),
+    'fashion_mnist': DatasetInfo(10, (28, 28, 1), (0.2860,), (0.3530,), 'fashion_mnist'),
     # streamed from JPEG files (jaxdecouple.data.stream); the image size is data.image_size, the class
     # count the source's
-    'imagenet': (1000, (224, 224, 3), (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 'imagenet2012'),
+    'imagenet': DatasetInfo(1000, (224, 224, 3), (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 'imagenet2012'),
 }
 STREAMED = ('imagenet',)  # too large for memory: read, decoded and augmented on the host per batch
 # The ADL code's CIFAR-10 std, selectable with data.normalization='adl'.
@@ -61,7 +72,7 @@ class Dataset:
 
 def _check_arrays(name: str, where: str, x_train, y_train, x_test, y_test) -> tuple[np.ndarray, ...]:
   """Validates shapes, dtypes and label range against the data set's definition."""
-  classes, shape, *_ = DATASETS[name]
+  classes, shape = DATASETS[name].num_classes, DATASETS[name].image_shape
   out = []
   for split, x, y in (('train', x_train, y_train), ('test', x_test, y_test)):
     x, y = np.asarray(x), np.asarray(y).reshape(-1)
@@ -82,10 +93,9 @@ def _check_arrays(name: str, where: str, x_train, y_train, x_test, y_test) -> tu
 
 
 def _dataset(name: str, source: str, arrays, normalization: str = 'default') -> Dataset:
-  classes, _, mean, std, _ = DATASETS[name]
-  if normalization == 'adl' and name == 'cifar10':
-    std = ADL_CIFAR10_STD
-  return Dataset(name, *arrays, num_classes=classes, mean=mean, std=std, source=source)
+  info = DATASETS[name]
+  std = ADL_CIFAR10_STD if normalization == 'adl' and name == 'cifar10' else info.std
+  return Dataset(name, *arrays, num_classes=info.num_classes, mean=info.mean, std=std, source=source)
 
 
 def _read_idx(path: str) -> np.ndarray:
@@ -167,7 +177,7 @@ def load_npz(name: str, path: str) -> tuple[np.ndarray, ...]:
 def load_tfds(name: str, data_dir: str | None, download: bool) -> tuple[np.ndarray, ...]:
   """tensorflow-datasets: prepared data in data_dir, or downloaded and prepared when allowed."""
   import tensorflow_datasets as tfds  # optional: only this source needs it
-  tfds_name = DATASETS[name][4]
+  tfds_name = DATASETS[name].tfds_name
   builder = tfds.builder(tfds_name, data_dir=data_dir or None)
   if download:
     builder.download_and_prepare()
@@ -187,7 +197,7 @@ def load_tfds(name: str, data_dir: str | None, download: bool) -> tuple[np.ndarr
 def synthetic(name: str, num_train: int, num_test: int, seed: int = 0) -> tuple[np.ndarray, ...]:
   """Learnable random data of the data set's shape, for tests only: each class has its own colour
   (so crops and flips keep it recognisable) and every pixel is that colour plus noise."""
-  classes, shape, *_ = DATASETS[name]
+  classes, shape = DATASETS[name].num_classes, DATASETS[name].image_shape
   rng = np.random.default_rng(seed)
   prototypes = np.broadcast_to(rng.integers(40, 216, size=(classes, 1, 1, shape[-1])), (classes, *shape))
   out = []
@@ -245,7 +255,7 @@ def load_streamed(data_config, name: str) -> Dataset:
   """A data set read from JPEG files per batch: ``data.path`` (a folder with train/ and val/ class folders)
   when given, else tensorflow-datasets (prepared, or from ``data.tfds_manual_dir``)."""
   from jaxdecouple.data import imagenet, stream  # noqa: PLC0415  (only streamed data sets need them)
-  _, _, mean, std, tfds_name = DATASETS[name]
+  mean, std, tfds_name = DATASETS[name].mean, DATASETS[name].std, DATASETS[name].tfds_name
   source = data_config.source
   order = [source] if source != 'auto' else (['folder'] if data_config.path else ['tfds'])
   attempts = {

@@ -86,13 +86,4 @@ def _build(name: str, num_classes: int) -> Model:
   raise ValueError(f'unknown model {name!r}; allowed: {MODEL_HELP}')
 
 
-def is_valid_model_name(name: str) -> bool:
-  try:
-    build_model(name, 10)
-  except ValueError:
-    return False
-  return True
-
-
-__all__ = ['AuxHead', 'Chain', 'Model', 'adaptive_avg_pool', 'build_model', 'count_params', 'merge', 'relayout', 'subset', 'MODEL_HELP',
-           'is_valid_model_name']
+__all__ = ['AuxHead', 'Chain', 'Model', 'adaptive_avg_pool', 'build_model', 'count_params', 'merge', 'relayout', 'subset', 'MODEL_HELP']
