@@ -10,7 +10,7 @@ from jaxdecouple.data import Batch, train_inputs
 from jaxdecouple.methods.base import Method, Setup
 from jaxdecouple.models import build_model
 from jaxdecouple.pipeline import Pipeline, Schedule, choose_split
-from jaxdecouple.pipeline.engine import is_local
+from jaxdecouple.pipeline.placement import is_local
 
 
 class PipelineMethod(Method):

@@ -1,0 +1,76 @@
+"""What a pipeline tells about itself: its description for the log (stages, their devices, sizes, costs,
+delays, messages, the schedule's table) and one iteration with each stage's own compute time measured.
+
+Both read a pipeline and its state and change nothing, and the timing waits for the devices, which the
+ordinary steps never do; so they live apart from the driver (``engine.py``).
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import jax
+
+from jaxdecouple.data import Batch
+from jaxdecouple.models import count_params
+from jaxdecouple.pipeline.placement import is_local
+
+if TYPE_CHECKING:  # the engine imports this module
+  from jaxdecouple.pipeline.engine import Pipeline, PipelineState
+
+
+def describe(pipeline: Pipeline, state: PipelineState) -> list[str]:
+  """The log's lines about the split, every stage and the schedule."""
+  s = pipeline.schedule
+  lines = [f'split ({pipeline.split.how}) into {s.num_stages} stages, keep={pipeline.keep}, beta={pipeline.beta}'
+           + (f', accumulating {s.accumulation} backwards per update' if s.accumulation > 1 else '')
+           + (', forward before update' if s.forward_first else '') + ':']
+  costs = pipeline.split.stage_costs()
+  total = sum(costs)
+  for k, (stage, st) in enumerate(zip(pipeline.stages, state.stages)):
+    names = stage.chain.names
+    lines.append(
+        f'  stage {k} on {stage.device}'
+        + (f' (process {stage.device.process_index})' if jax.process_count() > 1 else '') + f': blocks {names[0]}..{names[-1]} ({len(names)}), '
+        f'{count_params(st.params) / 1e6:.3f}M params, est. {costs[k] / 1e6:.1f} MFLOP/8 images '
+        f'({100 * costs[k] / total:.0f}%), delay {s.delay(k)}, staleness {s.staleness(k):.2f} updates, '
+        f'first update at iteration {s.first_update(k)}'
+        + (f', sends {pipeline.message_bytes[k] / 1e6:.2f} MB/step to stage {k + 1}' if k < s.last else '')
+        + (f'; auxiliary head {count_params(st.aux.params) / 1e6:.3f}M params' if st.aux else ''))
+  if s.local_heads:
+    extra = sum(count_params(st.aux.params) for st in state.stages if st.aux)
+    model = sum(count_params(st.params) for st in state.stages)
+    lines.append(f'  auxiliary heads: {extra / 1e6:.3f}M extra parameters ({100 * extra / model:.1f}% of the '
+                 f'model\'s {model / 1e6:.3f}M); evaluation uses the real head')
+  lines.append('  schedule (F<m>: forward of micro-batch m, B<m>: its backward, *: optimizer step):')
+  lines.extend('    ' + line for line in s.table(2 * s.num_stages + s.accumulation).splitlines())
+  return lines
+
+
+def timed_step(pipeline: Pipeline, state: PipelineState, batch: Batch, t: int):
+  """One iteration with each stage's own compute time measured (devices idle at the start).
+
+  A stage's time is its completion time minus the completion of the stage before it on the same
+  device (stages sharing a device run one after another in dispatch order). Returns (state,
+  metrics, {stage: seconds}) for the stages this process drives (all, in one process). Used every few
+  hundred steps for the logs and by the benchmarks: it waits for the devices, so it is not how the
+  ordinary steps run.
+  """
+  jax.block_until_ready(state)
+  start = time.perf_counter()
+  new_state, metrics = pipeline.step(state, batch, t)
+  pending = {k: jax.tree.leaves((s.params, s.batch_stats, s.ring)) for k, s in enumerate(new_state.stages)
+             if is_local(pipeline.devices[k])}  # across processes: the stages this one drives
+  done: dict[int, float] = {}
+  while pending:
+    for k in list(pending):
+      if all(x.is_ready() for x in pending[k]):
+        done[k] = time.perf_counter() - start
+        del pending[k]
+    time.sleep(0.0002)
+  own, last_on_device = [], {}
+  for k in sorted(done, key=done.get):
+    device = pipeline.devices[k]
+    own.append((k, done[k] - last_on_device.get(device, 0.0)))
+    last_on_device[device] = done[k]
+  return new_state, metrics, dict(sorted(own))
