@@ -116,7 +116,7 @@ def test_gaps_pair_seeds_and_checks_decide(tmp_path):
 def test_train_error_table_reads_each_runs_last_epoch(tmp_path):
   """Study(train_error=True): the last epoch's training error (the mean of its training records) and the
   test error minus it, medians over the finished seeds."""
-  from jaxdecouple.study.report import _train_error
+  from jaxdecouple.study.curves import train_error_table
   runs = [study_lib.Run('A', 'BP', seed, build=None) for seed in (0, 1, 2)]
   workdir = str(tmp_path)
   for seed, (train_acc, test_acc) in enumerate([((0.5, 0.7, 0.9), 0.8), ((0.6, 0.8, 0.8), 0.7)]):  # seed 2 unfinished
@@ -132,7 +132,7 @@ def test_train_error_table_reads_each_runs_last_epoch(tmp_path):
     with open(os.path.join(folder, 'finished.json'), 'w') as f:
       json.dump({'test_accuracy': test_acc}, f)
   # last epoch: train errors 20% (seed 0) and 20% (seed 1); test errors 20% and 30%: test - train 0 and +10
-  lines = _train_error(study_lib.Study('t', 'T', 'd', 'r', tuple(runs), train_error=True), workdir)
+  lines = train_error_table(study_lib.Study('t', 'T', 'd', 'r', tuple(runs), train_error=True), workdir)
   assert lines[2] == '| row | BP | test - train |' and lines[4] == '| A | 20.00 | +5.00 |'
 
 
@@ -170,14 +170,14 @@ def test_a_report_from_several_machines_says_which_runs_ran_on_each(tmp_path):
 
 
 def test_every_study_builds_valid_configs():
-  from jaxdecouple.config import validate
-  from jaxdecouple.study.report import _row_baseline
+  from jaxdecouple.methods import validate
+  from jaxdecouple.study.gaps import row_baseline
   for name, make in study_lib.STUDIES.items():
     study = make()
     assert len({r.name for r in study.runs}) == len(study.runs), name
     for claim in study.claims:  # the report shows each check (its rows have a baseline) and can decide it
       for row in claim.rows:
-        assert _row_baseline(study, row) is not None, (name, claim.text, row)
+        assert row_baseline(study, row) is not None, (name, claim.text, row)
         assert any(r.in_row(row) and r.column == claim.baseline for r in study.runs), (name, claim.text, row)
     for run in study.runs:
       config = run.config('cifar10.npz' if study.needs_data_path else '')
@@ -393,18 +393,17 @@ def test_a_run_that_diverges_is_recorded_and_the_study_goes_on(tmp_path):
 
 def test_report_gives_top5_and_further_test_sets_when_runs_have_them(tmp_path):
   """Runs that evaluated top-5 or the ImageNet-V2 sets get one error table per measure; others none."""
-  import sys
-  report_lib = sys.modules['jaxdecouple.study.report']  # (the package's `report` is the function)
+  from jaxdecouple.study.report import other_accuracies_tables
   study = study_lib.STUDIES['tiny']()
   workdir = str(tmp_path / 'study')
-  assert report_lib._other_accuracies(study, workdir) == []
+  assert other_accuracies_tables(study, workdir) == []
   for i, run in enumerate(study.runs):  # BP seed 0, FDG seed 0, BP seed 1, FDG seed 1
     os.makedirs(study_lib.run_dir(workdir, run))
     record = {'step': 8, 'test_accuracy': 0.5, 'test_top5_accuracy': 0.9 - 0.1 * i, 'v2mf_accuracy': 0.4,
               'v2mf_top5_accuracy': 0.7}
     with open(os.path.join(study_lib.run_dir(workdir, run), 'finished.json'), 'w') as f:
       json.dump(record, f)
-  text = '\n'.join(report_lib._other_accuracies(study, workdir))
+  text = '\n'.join(other_accuracies_tables(study, workdir))
   tables = text.split('\n\n')
   assert tables[0].startswith('Top-5 test error (%)')
   assert '| ResNet-8, K=2 | 20.00 (10.00-30.00), n=2 | 30.00 (20.00-40.00), n=2 |' in tables[1]
@@ -416,7 +415,7 @@ def test_report_gives_top5_and_further_test_sets_when_runs_have_them(tmp_path):
 def test_the_report_names_resumes_whose_epoch_time_lacks_the_steps_before_the_stop(tmp_path):
   """A resume at an evaluation loses nothing; one mid-epoch with the clock written beside its checkpoint
   loses nothing; one mid-epoch from a record without that clock (an earlier version) is named."""
-  from jaxdecouple.study.report import uncounted_resumes
+  from jaxdecouple.study.curves import uncounted_resumes
   folder = tmp_path / 'run'
   folder.mkdir()
   (folder / 'log.txt').write_text('resumed from the checkpoint at step 8 (epoch 1.00)\n'

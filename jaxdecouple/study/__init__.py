@@ -22,12 +22,15 @@ study's checks (targets and the papers' findings: met, missed or waiting for run
 per row, with the machine, data, recipe, seeds, dates and the command that regenerates it.
 
 The package: core.py (what a study is), definitions/ (the studies, a short file each), runner.py
-(processes, claims, pinning, logs), report.py (the report), cli.py (this command); the papers'
-numbers come from jaxdecouple/papers.py.
+(processes, claims, pinning, logs), the report (report.py puts it together from machines.py, gaps.py:
+final errors, gaps and checks, curves.py: tables from the learning curves, and figures.py), cli.py
+(this command); the papers' numbers come from jaxdecouple/papers.py.
 """
 from jaxdecouple.study.core import SEEDS, Claim, Run, Study, diverged, is_finished, run_dir
 from jaxdecouple.study.definitions import STUDIES
-from jaxdecouple.study.report import check, gap, report, same_machines_once, write_results
+from jaxdecouple.study.gaps import check, gap
+from jaxdecouple.study.machines import same_machines_once
+from jaxdecouple.study.report import report, write_results
 from jaxdecouple.study.runner import _progress_to, claim, machine, pin, release, run_study, whole_run_seconds
 from jaxdecouple.study.cli import main
 

@@ -1,0 +1,139 @@
+"""The report's tables read from each run's learning curves (its metrics.jsonl): the best accuracy over the
+evaluations, whether training levelled off, the training error beside the test error, and the training
+seconds to reach a row's target error (with the resumes whose epoch time is incomplete).
+
+Apart from the final-error tables (``gaps.py``) because they read every evaluation of a run, not its
+finished record, through ``jaxdecouple.plots``.
+"""
+from __future__ import annotations
+
+import os
+import re
+import statistics
+from typing import Sequence
+
+from jaxdecouple.study.core import Run, Study, is_finished, run_dir
+
+
+def finished_by_column(study: Study, workdir: str, row: str) -> dict[str, list[Run]]:
+  """The row's finished runs per column, in the study's (seed) order."""
+  finished: dict[str, list[Run]] = {}
+  for r in study.runs:
+    if r.in_row(row) and is_finished(workdir, r):
+      finished.setdefault(r.column, []).append(r)
+  return finished
+
+
+def _curves_table(study: Study, workdir: str, intro: str, headers: Sequence[str], cells) -> list[str]:
+  """A table of one line per row of the study and, per column, ``len(headers)`` cells (headers[0] is the
+  column's name, the rest are appended to it) made by ``cells(row, column, curves)`` from the learning curves
+  of that cell's finished runs (empty when none finished)."""
+  from jaxdecouple.plots import learning_curves
+  lines = [intro, '', '| row | ' + ' | '.join(' | '.join([c, *headers[1:]]) for c in study.columns) + ' |',
+           '|' + '---|' * (1 + len(headers) * len(study.columns))]
+  for row in study.rows:
+    finished, line = finished_by_column(study, workdir, row), [row]
+    for col in study.columns:
+      line += cells(row, col, [learning_curves(run_dir(workdir, r)) for r in finished.get(col, [])])
+    lines.append('| ' + ' | '.join(line) + ' |')
+  return lines + ['']
+
+
+def best_accuracy_table(study: Study, workdir: str) -> list[str]:
+  """The ResIST paper's way: each run's best test accuracy over its evaluations, mean and standard
+  deviation over the seeds."""
+  def cells(row, col, curves):
+    best = [100 - min(c['test_error']) for c in curves]
+    return ['-' if not best else f'{statistics.mean(best):.2f}'
+            + (f' ± {statistics.stdev(best):.2f}' if len(best) > 1 else '') + f', n={len(best)}',
+            f'{100 - study.paper[(row, col)]:.2f}' if (row, col) in study.paper else '-']
+  return _curves_table(study, workdir, "Best test accuracy (%) over each run's evaluations, mean ± standard deviation "
+                       "over the finished seeds (the ResIST paper's way), the paper's accuracy beside it:",
+                       ('', 'paper'), cells)
+
+
+def levelling_table(study: Study, workdir: str) -> list[str]:
+  """Whether training ran its course: each column's test error at the end minus at 80% of the epochs."""
+  def cells(row, col, curves):
+    changes = []
+    for c in curves:
+      at = next(i for i, e in enumerate(c['epoch']) if e >= 0.8 * c['epoch'][-1] - 1e-9)
+      changes.append(c['test_error'][-1] - c['test_error'][at])
+    return [f'{statistics.median(changes):+.2f}' if changes else '-']
+  return _curves_table(study, workdir, 'Levelled off? The test error at the last epoch minus the one at 80% of the '
+                       'epochs (points; median over the finished seeds): near zero when the last 20% of the schedule '
+                       'no longer changes it.', ('',), cells)
+
+
+def train_error_table(study: Study, workdir: str) -> list[str]:
+  """The last epoch's training error beside its test error: a network whose two errors are close underfits,
+  and there a method that optimises less well shows its loss in the test error too."""
+  def cells(row, col, curves):
+    if not curves:
+      return ['-', '-']
+    return [f"{statistics.median(c['train_error'][-1] for c in curves):.2f}",
+            f"{statistics.median(c['test_error'][-1] - c['train_error'][-1] for c in curves):+.2f}"]
+  return _curves_table(study, workdir, 'Training error (%) in the last epoch (the mean of the training records logged '
+                       'in it: augmented images, BatchNorm in training mode, the parameters moving), then the test error '
+                       'minus it (points); medians over the finished seeds. A network whose two errors are close '
+                       'underfits: there a method that optimises less well loses test accuracy too.'
+                       + (' For ResIST and local SGD the training error is the mean over the workers of each one\'s '
+                          'own network on its own batches: for ResIST its sub-network, not the whole network that '
+                          'is tested.' if any(_is_replica(r) for r in study.runs) else ''),
+                       ('', 'test - train'), cells)
+
+
+_REPLICA = ('resist', 'localsgd', 'ensemble')
+
+
+def _is_replica(run) -> bool:
+  """Whether the run trains one network per worker (its training error is a worker's own network's)."""
+  return run.build is not None and run.build().method in _REPLICA
+
+
+def uncounted_resumes(folder: str) -> list[int]:
+  """The steps at which a run resumed in the middle of an epoch from a checkpoint written without the epoch's
+  clock (``checkpoint`` records came later): that epoch's training before the stop is missing from its
+  ``epoch_time_s``. Read from the run's log.txt (the resumes) and metrics.jsonl (evaluations, clocks)."""
+  try:
+    with open(os.path.join(folder, 'log.txt'), encoding='utf-8') as f:
+      resumes = [int(m) for m in re.findall(r'resumed from the checkpoint at step (\d+)', f.read())]
+  except OSError:
+    return []
+  from jaxdecouple.writers import read_metrics
+  known = {r['step'] for r in read_metrics(folder) if r['kind'] in ('eval', 'checkpoint')}
+  return [step for step in resumes if step not in known]
+
+
+def time_to_target_table(study: Study, workdir: str) -> list[str]:
+  """Per row, the training seconds each column took to reach the row's target error: the highest of the
+  columns' median final errors, which every column reaches."""
+  from jaxdecouple.plots import learning_curves, time_to
+  lines = ['Accuracy against wall-clock: training seconds (the sum of the evaluated epochs\' training time; '
+           'compilation, evaluation and diagnostics not counted) to reach the row\'s target, the highest of its '
+           'columns\' median final test errors, so that every column reaches it; median over the finished seeds '
+           '(min-max). Measured on the machines above (which runs ran where: their lines), where runs started with '
+           '--jobs share the cores: compare runs of one machine, not with the papers\' GPUs.', '',
+           '| row | target error (%) | ' + ' | '.join(study.columns) + ' |', '|' + '---|' * (2 + len(study.columns))]
+  for row in study.rows:
+    finished = finished_by_column(study, workdir, row)
+    finals = [statistics.median(learning_curves(run_dir(workdir, r))['test_error'][-1] for r in rs)
+              for rs in finished.values()]
+    if not finals:
+      continue
+    target, cells = max(finals), [row]
+    cells.append(f'{target:.2f}')
+    for col in study.columns:
+      times = [time_to(run_dir(workdir, r), target) for r in finished.get(col, [])]
+      reached = sorted(t for t in times if t is not None)
+      cells.append('-' if not times else f'{statistics.median(reached):.0f} ({reached[0]:.0f}-{reached[-1]:.0f})'
+                   + ('' if len(reached) == len(times) else f', {len(times) - len(reached)} never') if reached
+                   else f'never (n={len(times)})')
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  short = [f'{r.row}, {r.column}, seed {r.seed} (step{"s" * (len(steps) > 1)} {", ".join(map(str, steps))})' for r in study.runs
+           if is_finished(workdir, r) for steps in [uncounted_resumes(run_dir(workdir, r))] if steps]
+  if short:
+    lines += ['', 'Uncounted: runs resumed mid-epoch from checkpoints written before they carried the epoch\'s '
+              'training time lack, in that epoch, the steps trained before the stop (less than one epoch\'s time '
+              'per resume): ' + '; '.join(short) + '.']
+  return lines + ['']
