@@ -153,6 +153,7 @@ class _Run:
 
   def record(self, args) -> dict:
     import jax
+    from jaxdecouple.pipeline.accounting import timed_step
     median = statistics.median(self.times)
     engine = getattr(self.m, 'engine', None)
     replica = engine is not None and hasattr(engine, 'per_device')
@@ -170,7 +171,7 @@ class _Run:
     if pipeline is not None:
       stage_times = []
       for _ in range(3):
-        self.state, _, st = pipeline.timed_step(self.state, self.batch(self.t), self.t)
+        self.state, _, st = timed_step(pipeline, self.state, self.batch(self.t), self.t)
         stage_times.append(st)
         self.t += 1
       per_stage = [statistics.median(s[i] for s in stage_times) for i in sorted(stage_times[0])]

@@ -8,6 +8,8 @@ a resumed run starts its epoch clock where its checkpoint left it (``start(carri
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import time
 
 
@@ -61,3 +63,24 @@ class Clock:
 
   def next_epoch(self) -> None:
     self.epoch_start, self.epoch_steps = time.perf_counter(), 0
+
+
+def epoch_clock_at(workdir: str, step: int) -> tuple[float, int]:
+  """The training seconds and timed steps of the epoch that was under way at the checkpoint of ``step``, from
+  the ``checkpoint`` record written with it, so that a resumed run's epoch time counts the steps trained
+  before the stop; (0.0, 0) where there is none (a checkpoint at an evaluation, a record of an earlier
+  version, a process that writes no metrics)."""
+  clock = (0.0, 0)
+  try:
+    with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+      lines = f.readlines()
+  except OSError:  # none here (a process other than the first, on another host)
+    return clock
+  for line in lines:
+    try:
+      r = json.loads(line)
+      if r.get('kind') == 'checkpoint' and r.get('step') == step:
+        clock = (float(r['epoch_time_s']), int(r['epoch_steps']))  # the last one: a step may be saved twice
+    except (ValueError, KeyError, TypeError, AttributeError):  # a line cut short by a killed process
+      continue
+  return clock

@@ -9,7 +9,6 @@ the clocks pause around what is not training (``clock.Clock``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from typing import Any
@@ -20,7 +19,7 @@ import numpy as np
 from absl import logging
 
 from jaxdecouple.checkpoint import Checkpointer
-from jaxdecouple.clock import Clock, itstime
+from jaxdecouple.clock import Clock, epoch_clock_at, itstime
 from jaxdecouple.data import Preprocess, TrainOrder, load_dataset
 from jaxdecouple.data.stream import BlankImages, Prefetcher
 from jaxdecouple.errors import DivergenceError, fail
@@ -65,27 +64,6 @@ def use_cpu_devices(n: int) -> None:
     if have != n:
       logging.warning('config.cpu_devices=%d ignored: JAX already started with %d CPU devices '
                       '(set JAX_NUM_CPU_DEVICES=%d before starting Python)', n, have, n)
-
-
-def _epoch_clock_at(workdir: str, step: int) -> tuple[float, int]:
-  """The training seconds and timed steps of the epoch that was under way at the checkpoint of ``step``, from
-  the ``checkpoint`` record written with it, so that a resumed run's epoch time counts the steps trained
-  before the stop; (0.0, 0) where there is none (a checkpoint at an evaluation, a record of an earlier
-  version, a process that writes no metrics)."""
-  clock = (0.0, 0)
-  try:
-    with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
-      lines = f.readlines()
-  except OSError:  # none here (a process other than the first, on another host)
-    return clock
-  for line in lines:
-    try:
-      r = json.loads(line)
-      if r.get('kind') == 'checkpoint' and r.get('step') == step:
-        clock = (float(r['epoch_time_s']), int(r['epoch_steps']))  # the last one: a step may be saved twice
-    except (ValueError, KeyError, TypeError, AttributeError):  # a line cut short by a killed process
-      continue
-  return clock
 
 
 def _finite(state) -> bool:
@@ -225,7 +203,7 @@ class Loop:
     start, carried = 0, (0.0, 0)
     if restored is not None:
       start, state = restored
-      carried = _epoch_clock_at(self.workdir, start)
+      carried = epoch_clock_at(self.workdir, start)
       logging.info('resumed from the checkpoint at step %d (epoch %.2f)%s', start, start / self.spe,
                    f'; the epoch under way had trained {carried[0]:.1f} s before the stop' if carried[1] else '')
     variables = method.eval_variables(state)

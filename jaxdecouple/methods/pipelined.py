@@ -1,6 +1,8 @@
 """Shared plumbing of the pipeline methods: the schedule, split and placement from the config, then the engine."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 
@@ -10,6 +12,8 @@ from jaxdecouple.data import Batch, train_inputs
 from jaxdecouple.methods.base import Method, Setup
 from jaxdecouple.models import build_model
 from jaxdecouple.pipeline import Pipeline, Schedule, choose_split
+from jaxdecouple.pipeline import accounting as pipeline_accounting
+from jaxdecouple.pipeline.diagnose import Diagnosis
 from jaxdecouple.pipeline.placement import is_local
 
 
@@ -91,17 +95,22 @@ class PipelineMethod(Method):
     return self.pipeline.step(state, batch, step)
 
   def profiled_step(self, state, batch: Batch, step: int):
-    state, metrics, seconds = self.pipeline.timed_step(state, batch, step)
+    state, metrics, seconds = pipeline_accounting.timed_step(self.pipeline, state, batch, step)
     profile = {f'stage{k}_seconds': round(s, 5) for k, s in seconds.items()}  # across processes: this one's
     profile.update({f'stage{k}_sends_mb': round(b / 1e6, 4)
                     for k, b in enumerate(self.pipeline.message_bytes)})
     return state, metrics, profile
 
+  @functools.cached_property
+  def _diagnosis(self) -> Diagnosis:
+    """Each stage's applied gradient against BP's, compiled once for this pipeline (pipeline/diagnose.py)."""
+    return Diagnosis(self.pipeline)
+
   def diagnose(self, state, batch_of, step: int):
-    return self.pipeline.diagnose(state, batch_of, step)
+    return self._diagnosis(state, batch_of, step)
 
   def eval_variables(self, state):
     return self.pipeline.eval_variables(state)
 
   def describe(self, state) -> list[str]:
-    return self.pipeline.describe(state)
+    return pipeline_accounting.describe(self.pipeline, state)

@@ -7,7 +7,6 @@ ordinary steps never do; so they live apart from the driver (``engine.py``).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import jax
 
@@ -15,8 +14,7 @@ from jaxdecouple.data import Batch
 from jaxdecouple.models import count_params
 from jaxdecouple.pipeline.placement import is_local
 
-if TYPE_CHECKING:  # the engine imports this module
-  from jaxdecouple.pipeline.engine import Pipeline, PipelineState
+from jaxdecouple.pipeline.engine import Pipeline, PipelineState
 
 
 def describe(pipeline: Pipeline, state: PipelineState) -> list[str]:

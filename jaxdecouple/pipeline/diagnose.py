@@ -7,7 +7,7 @@ the driver (``engine.py``) and runs only every ``pipeline.diagnose_every_steps``
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -16,8 +16,7 @@ import numpy as np
 from jaxdecouple.common import classification_loss
 from jaxdecouple.data import Batch
 
-if TYPE_CHECKING:  # the engine imports this module
-  from jaxdecouple.pipeline.engine import Pipeline, PipelineState, Stage, StageState
+from jaxdecouple.pipeline.engine import Pipeline, PipelineState, Stage, StageState
 
 
 def applied_gradients(stage: Stage, st: StageState, x, labels, step, slot: int):

@@ -21,9 +21,7 @@ import numpy as np
 from jaxdecouple.data import Batch
 from jaxdecouple.models import Model, relayout
 from jaxdecouple.optim import Optimizer
-from jaxdecouple.pipeline import accounting
-from jaxdecouple.pipeline.diagnose import Diagnosis
-from jaxdecouple.pipeline.placement import is_local, move, place  # is_local: also imported from here
+from jaxdecouple.pipeline.placement import is_local, move, place
 from jaxdecouple.pipeline.schedule import Schedule
 from jaxdecouple.pipeline.splits import Split
 from jaxdecouple.pipeline.stage import KEEPS, AuxHeadState, Stage, StageState  # noqa: F401  (re-exported)
@@ -153,17 +151,3 @@ class Pipeline:
     mine = next(parts for device, parts in copies.items() if is_local(device))
     return relayout(mine, self.model.chain, self.image_shape)
 
-  @functools.cached_property
-  def _diagnosis(self) -> Diagnosis:
-    return Diagnosis(self)
-
-  def diagnose(self, state: PipelineState, batch_of: Callable[[int], Batch], t: int) -> dict[str, float]:
-    """Call before step t: each learning stage's applied gradient against BP's (see ``diagnose.py``)."""
-    return self._diagnosis(state, batch_of, t)
-
-  def describe(self, state: PipelineState) -> list[str]:
-    return accounting.describe(self, state)
-
-  def timed_step(self, state: PipelineState, batch: Batch, t: int):
-    """One iteration with each stage's own compute time measured (see ``accounting.py``)."""
-    return accounting.timed_step(self, state, batch, t)
