@@ -12,6 +12,7 @@ from typing import Any
 
 import ml_collections
 
+from jaxdecouple import optim
 from jaxdecouple.errors import fail
 
 
@@ -61,11 +62,18 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.data.synthetic_train_size = 512
   c.data.synthetic_test_size = 256
 
-  c.optim = ml_collections.ConfigDict()
+  c.optim = ml_collections.ConfigDict()  # per stage in pipelines, per worker in replicas (jaxdecouple/optim.py)
+  c.optim.name = 'sgd'         # sgd (PyTorch's SGD, the papers'), adamw, lamb, lars, muon (optax)
   c.optim.learning_rate = 0.1
-  c.optim.momentum = 0.9
+  c.optim.momentum = 0.9       # sgd, lars
   c.optim.weight_decay = 5e-4
-  c.optim.nesterov = False
+  c.optim.nesterov = False      # sgd, lars, adamw, muon
+  c.optim.b1 = 0.9             # adamw, lamb; muon's Adam (its non-matrix parameters)
+  c.optim.b2 = 0.999           # adamw, lamb; muon's Adam
+  c.optim.eps = 1e-8           # adamw, lamb, muon
+  c.optim.trust_coefficient = 0.001  # lars
+  c.optim.muon_beta = 0.95     # muon: momentum of the orthogonalised matrices
+  c.optim.ns_steps = 5         # muon: Newton-Schulz iterations
   c.optim.milestones = (150, 225, 275)  # epochs at which lr *= decay_factor
   c.optim.decay_factor = 0.1
   c.optim.warmup = 'none'      # none; constant (warmup_lr for warmup_epochs); linear (ADL)
@@ -238,8 +246,7 @@ def validate(config) -> None:
   for field in ('max_steps', 'scan_blocks', 'checkpoint_every_steps', 'profile_every_steps', 'cpu_devices', 'seed', 'optim.weight_decay',
                 'optim.warmup_epochs', 'data.crop_padding', 'data.workers'):
     _positive(config, field, allow_zero=True)
-  if not 0 <= config.optim.momentum < 1:
-    fail('optim.momentum', f'must be in [0, 1), got {config.optim.momentum!r}')
+  optim.validate(config.optim)
   if not 0 < config.optim.decay_factor <= 1:
     fail('optim.decay_factor', f'must be in (0, 1], got {config.optim.decay_factor!r}')
   if config.optim.warmup != 'none' and config.optim.warmup_epochs <= 0:

@@ -1,8 +1,13 @@
-"""SGD with momentum and weight decay (PyTorch's semantics), milestone decays and warm-up.
+"""Optimizers from optax (SGD with PyTorch's semantics by default; AdamW, LAMB, LARS, Muon), milestone
+decays and warm-up.
 
 The learning rate is a pure function of the global iteration, passed into each update, rather than
 of an optimizer's own step count: pipeline stages start updating at different iterations but must
-all use the learning rate of the current iteration.
+all use the learning rate of the current iteration. So every optimizer is the optax chain of its
+direction (built with learning rate 1) followed by ``scale_by_step_learning_rate``, which multiplies by
+minus the step's rate given as an optax extra argument; optax applies the whole update
+(``optax.apply_updates``). For every optimizer here the rate enters last and linearly, so this is the
+optax alias with that rate (AdamW's decoupled weight decay included).
 """
 from __future__ import annotations
 
@@ -11,28 +16,94 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from optax import contrib
+
+from jaxdecouple.errors import fail
 
 WARMUPS = ('none', 'constant', 'linear')
+OPTIMIZERS = ('sgd', 'adamw', 'lamb', 'lars', 'muon')
 
 
 class Optimizer(NamedTuple):
-  """``update(grads, opt_state, params, lr) -> (params, opt_state)``: one SGD step.
+  """``update(grads, opt_state, params, lr) -> (params, opt_state)``: one optimizer step at rate ``lr``.
 
-  grad <- grad + weight_decay * param; buf <- momentum * buf + grad; param <- param - lr * buf
-  (Nesterov: param <- param - lr * (grad + momentum * buf)), exactly torch.optim.SGD with dampening 0.
+  SGD (the default): grad <- grad + weight_decay * param; buf <- momentum * buf + grad; param <- param - lr *
+  buf (Nesterov: param <- param - lr * (grad + momentum * buf)), exactly torch.optim.SGD with dampening 0.
   """
   init: Callable[[Any], Any]
   update: Callable[..., tuple[Any, Any]]
 
 
+def scale_by_step_learning_rate() -> optax.GradientTransformationExtraArgs:
+  """Multiplies the direction by ``-learning_rate``, the step's rate given as an extra argument."""
+  def update(updates, state, params=None, *, learning_rate, **extra):
+    del params, extra
+    return jax.tree.map(lambda u: -learning_rate * u, updates), state
+  return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
+
+
+def _stacked_axes(path) -> int:
+  """Leading axes that stack several blocks' copies of a leaf: a scanned run ('first..last') or a ResIST
+  worker's slots ('slots', 'slots_s1', ...)."""
+  keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey) and isinstance(k.key, str)]
+  return sum(1 for k in keys if '..' in k or k == 'slots' or k.startswith('slots_'))
+
+
+def muon_dimensions(params):
+  """Muon orthogonalises the matrices a layer multiplies by: a kernel (dense (in, out), convolution (h, w, in,
+  out)) as the (everything but out, out) matrix, stacked copies (a scanned run, a worker's slots) each on
+  its own; every other leaf (biases, BatchNorm) goes to Muon's Adam."""
+  def dims(path, x):
+    name = path[-1].key if path and isinstance(path[-1], jax.tree_util.DictKey) else None
+    lead = _stacked_axes(path)
+    if name != 'kernel' or x.ndim - lead < 2:
+      return None
+    return contrib.MuonDimensionNumbers(tuple(range(lead, x.ndim - 1)), x.ndim - 1)
+  return jax.tree_util.tree_map_with_path(dims, params)
+
+
+def direction(o) -> list[optax.GradientTransformation]:
+  """The optimizer's update direction with learning rate 1 (before the step's rate), from optax's own
+  transforms and aliases."""
+  if o.name == 'sgd':  # torch.optim.SGD: L2 added to the gradient, then momentum
+    return [optax.add_decayed_weights(o.weight_decay), optax.trace(decay=o.momentum, nesterov=o.nesterov)]
+  if o.name == 'adamw':
+    tx = optax.adamw(1.0, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, nesterov=o.nesterov)
+  elif o.name == 'lamb':
+    tx = optax.lamb(1.0, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay)
+  elif o.name == 'lars':
+    tx = optax.lars(1.0, weight_decay=o.weight_decay, trust_coefficient=o.trust_coefficient, momentum=o.momentum,
+                    nesterov=o.nesterov)
+  elif o.name == 'muon':
+    tx = contrib.muon(1.0, ns_steps=o.ns_steps, beta=o.muon_beta, eps=o.eps, weight_decay=o.weight_decay,
+                      nesterov=o.nesterov, adam_b1=o.b1, adam_b2=o.b2, adam_weight_decay=o.weight_decay,
+                      muon_weight_dimension_numbers=muon_dimensions)
+  else:
+    raise ValueError(f'unknown optimizer {o.name!r}; one of {", ".join(OPTIMIZERS)}')
+  return [tx, optax.scale(-1.0)]  # the alias ends with -lr = -1: the step's rate adds the sign again
+
+
+def validate(o) -> None:
+  """The ``optim`` section's optimizer fields (the schedule's are config.py's): one line naming the field."""
+  if o.name not in OPTIMIZERS:
+    fail('optim.name', f'{o.name!r} is not allowed; choose one of: {", ".join(OPTIMIZERS)}')
+  for field in ('momentum', 'b1', 'b2', 'muon_beta'):
+    if not 0 <= o[field] < 1:
+      fail(f'optim.{field}', f'must be in [0, 1), got {o[field]!r}')
+  for field in ('eps', 'trust_coefficient'):
+    if not o[field] > 0:
+      fail(f'optim.{field}', f'must be positive, got {o[field]!r}')
+  if o.ns_steps < 1:
+    fail('optim.ns_steps', f'must be at least 1 (Newton-Schulz iterations), got {o.ns_steps!r}')
+
+
 def make_optimizer(optim_config) -> Optimizer:
-  tx = optax.chain(optax.add_decayed_weights(optim_config.weight_decay),
-                   optax.trace(decay=optim_config.momentum, nesterov=optim_config.nesterov))
+  """``optim_config.name``'s optimizer; the step's learning rate is an argument of ``update``."""
+  tx = optax.chain(*direction(optim_config), scale_by_step_learning_rate())
 
   def update(grads, opt_state, params, lr):
-    direction, opt_state = tx.update(grads, opt_state, params)
-    params = jax.tree.map(lambda p, d: p - lr * d.astype(p.dtype), params, direction)
-    return params, opt_state
+    updates, opt_state = tx.update(grads, opt_state, params, learning_rate=jnp.asarray(lr, jnp.float32))
+    return optax.apply_updates(params, updates), opt_state
 
   return Optimizer(tx.init, update)
 

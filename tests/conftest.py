@@ -89,9 +89,10 @@ def sgd_step(params, momentum, grads, lr):
 class SequentialStages:
   """Scaffolding shared by the sequential references of the pipeline methods: the run's data, the
   model cut into the config's stages with the same initial parameters, and a plain SGD step
-  (weight decay 5e-4 added to the gradient, momentum 0.9, no dampening), written out here."""
+  (weight decay 5e-4 added to the gradient, momentum 0.9, no dampening), written out here; or, given
+  ``tx``, an optax optimizer built by the test itself (learning rate inside it), one state per stage."""
 
-  def __init__(self, config):
+  def __init__(self, config, tx=None):
     import jax.numpy as jnp
     from jaxdecouple.data import Preprocess, TrainOrder, load_dataset
     from jaxdecouple.models import build_model, subset
@@ -105,6 +106,8 @@ class SequentialStages:
     self.params = [subset(variables, s.names)['params'] for s in self.stages]
     self.stats = [subset(variables, s.names).get('batch_stats', {}) for s in self.stages]
     self.momentum = [jax.tree.map(jnp.zeros_like, p) for p in self.params]
+    self.tx = tx
+    self.opt_states = [tx.init(p) for p in self.params] if tx is not None else None
     self.order = TrainOrder(len(self.ds.x_train), config.batch_size, config.seed)
     self.pre = Preprocess(self.ds.mean, self.ds.std, config.data.crop_padding, config.data.flip,
                           config.data.augment)
@@ -128,7 +131,13 @@ class SequentialStages:
     return _stage_forward(self.stages[k], params, x, stats)
 
   def sgd(self, k, grads, lr):
-    self.params[k], self.momentum[k] = sgd_step(self.params[k], self.momentum[k], grads, lr)
+    """Stage k's update: plain SGD at ``lr``, or the test's optax optimizer (its own learning rate)."""
+    if self.tx is None:
+      self.params[k], self.momentum[k] = sgd_step(self.params[k], self.momentum[k], grads, lr)
+      return
+    import optax
+    updates, self.opt_states[k] = self.tx.update(grads, self.opt_states[k], self.params[k])
+    self.params[k] = optax.apply_updates(self.params[k], updates)
 
   def variables(self):
     merged = {'params': {}, 'batch_stats': {}}

@@ -16,7 +16,7 @@ def reference_config(k, beta):
   return fdg_config(k, **{'pipeline.beta': beta, 'optim.learning_rate': 0.005})
 
 
-def reference_fdg(config, steps):
+def reference_fdg(config, steps, tx=None):
   """FDG written from the SPEC, one stage at a time, with explicit histories.
 
   Stage k forwards micro-batch t-k at iteration t with its parameters after that iteration's update;
@@ -25,7 +25,7 @@ def reference_fdg(config, steps):
   forward met; beta multiplies every non-last stage's incoming gradient.
   """
   K, beta = config.pipeline.num_stages, config.pipeline.beta
-  ref = SequentialStages(config)
+  ref = SequentialStages(config, tx)
   inputs = [{} for _ in range(K)]        # inputs[k][m]: stage k's input for micro-batch m
   met = [{} for _ in range(K)]           # met[k][m]: the parameters stage k's forward of m used
   deltas = [{} for _ in range(K)]        # deltas[k][m]: gradient w.r.t. stage k's output for m

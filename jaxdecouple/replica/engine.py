@@ -88,7 +88,8 @@ class Replica:
     partition; ``opt_state``: the optimizer state of that network, or None for a fresh one."""
     member = self.layout.membership(round_index)
     p = self.layout.to_workers(params, member)
-    fresh = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(self.optimizer.init, p))
+    # one optimizer state per worker (a step count too, for the optimizers that keep one)
+    fresh = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(jax.vmap(self.optimizer.init), p))
     o = fresh if opt_state is None else self.layout.per_parameter_to_workers(
         opt_state, jax.tree.structure(params), member)
     return ReplicaState(self.put_workers(p), self.put_workers(self.layout.to_workers(batch_stats, member)),

@@ -1,0 +1,106 @@
+"""Optimizers as a config choice: SGD keeps its numbers bit for bit; AdamW, LAMB, LARS and Muon under FDG
+K = 2 equal a sequential reference that uses optax's own aliases directly; their states resume exactly."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from conftest import assert_trees_close, assert_trees_equal, tiny_config
+from jaxdecouple.errors import ConfigError
+from jaxdecouple.methods import validate
+from jaxdecouple.optim import make_optimizer
+from jaxdecouple.train import train_and_evaluate
+from test_fdg import fdg_config, reference_fdg
+
+LR = {'adamw': 1e-3, 'lamb': 1e-3, 'lars': 0.05, 'muon': 5e-3}
+
+
+def kernel_matrices(params):
+  """Muon's matrices, written here: every kernel as (everything but its output axis, output); the rest Adam."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: optax.contrib.MuonDimensionNumbers(tuple(range(x.ndim - 1)), x.ndim - 1)
+      if path[-1].key == 'kernel' else None, params)
+
+
+def optax_alias(name, o):
+  """The optimizer as optax builds it, with the run's (constant) learning rate inside."""
+  lr, wd = o.learning_rate, o.weight_decay
+  return {'adamw': lambda: optax.adamw(lr, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=wd),
+          'lamb': lambda: optax.lamb(lr, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=wd),
+          'lars': lambda: optax.lars(lr, weight_decay=wd, trust_coefficient=o.trust_coefficient, momentum=o.momentum),
+          'muon': lambda: optax.contrib.muon(lr, ns_steps=o.ns_steps, beta=o.muon_beta, eps=o.eps, weight_decay=wd,
+                                             nesterov=o.nesterov, adam_b1=o.b1, adam_b2=o.b2, adam_weight_decay=wd,
+                                             muon_weight_dimension_numbers=kernel_matrices)}[name]()
+
+
+@pytest.mark.parametrize('nesterov', [False, True])
+def test_sgd_is_bit_for_bit_the_previous_update(nesterov):
+  """The SGD runs of before optax applied the whole update: direction d from optax's decayed weights and
+  trace, then p - lr * d by hand. The same numbers, bit for bit, over steps of changing rates."""
+  c = tiny_config()
+  c.optim.nesterov = nesterov
+  opt = make_optimizer(c.optim)
+  old = optax.chain(optax.add_decayed_weights(5e-4), optax.trace(decay=0.9, nesterov=nesterov))
+  rng = np.random.default_rng(0)
+  params = {'w': jnp.asarray(rng.normal(size=(3, 7)).astype(np.float32))}
+  state, old_params, old_state = opt.init(params), params, old.init(params)
+  for t in range(6):
+    grads = {'w': jnp.asarray(rng.normal(size=(3, 7)).astype(np.float32))}
+    lr = jnp.float32(0.1 / (t + 1))
+    params, state = opt.update(grads, state, params, lr)
+    d, old_state = old.update(grads, old_state, old_params)
+    old_params = jax.tree.map(lambda p, d: p - lr * d.astype(p.dtype), old_params, d)
+  assert_trees_equal(params, old_params)
+
+
+@pytest.mark.parametrize('name', sorted(LR))
+def test_each_optimizer_under_fdg_matches_the_optax_reference(name, workdir):
+  """FDG K = 2, beta 0.5, 8 steps (the first epoch: a constant rate): every stage's updates as optax's alias
+  makes them."""
+  config = fdg_config(2, steps=8, **{'optim.name': name, 'optim.learning_rate': LR[name],
+                                     'pipeline.beta': 0.5})
+  result = train_and_evaluate(config, workdir)
+  reference = reference_fdg(config, 8, tx=optax_alias(name, config.optim))
+  assert_trees_close(result.variables, reference, tol=5e-4)
+  if name == 'adamw':  # sharp: the same reference with half the weight decay is far away
+    config.optim.weight_decay = 0.1
+    with pytest.raises(AssertionError):
+      assert_trees_close(result.variables, reference_fdg(config, 8, tx=optax_alias(name, config.optim)), tol=5e-4)
+
+
+@pytest.mark.parametrize('name', ['adamw', 'muon'])
+def test_optimizer_state_resumes_exactly(name, workdir, tmp_path):
+  kw = {'optim.name': name, 'optim.learning_rate': LR[name], 'checkpoint_every_steps': 3}
+  train_and_evaluate(fdg_config(2, steps=3, **kw), workdir)
+  resumed = train_and_evaluate(fdg_config(2, steps=8, **kw), workdir)
+  whole = train_and_evaluate(fdg_config(2, steps=8, **kw), str(tmp_path / 'whole'))
+  assert_trees_equal(resumed.state, whole.state)
+
+
+@pytest.mark.parametrize('method,name', [('bp', 'adamw'), ('localsgd', 'adamw'), ('resist', 'muon')])
+def test_bp_and_replicas_take_the_optimizer(method, name, workdir):
+  """BP and the replica methods train with AdamW or Muon (each worker its own state, its step count included;
+  ResIST's slot-stacked kernels orthogonalised slot by slot) and stay finite."""
+  kw = {} if method == 'bp' else {'model': 'preact_tiny', 'replica.num_workers': 2, 'replica.local_steps': 2}
+  result = train_and_evaluate(tiny_config(method=method, max_steps=4, **{'optim.name': name,
+                                                                          'optim.learning_rate': LR[name], **kw}), workdir)
+  assert np.isfinite(result.last_eval['test_loss'])
+
+
+def test_muon_orthogonalises_every_kernel_and_stacked_ones_slot_by_slot():
+  from jaxdecouple.optim import muon_dimensions
+  dims = muon_dimensions({'conv': {'kernel': jnp.zeros((3, 3, 4, 8)), 'bias': jnp.zeros(8)},
+                          'head': {'kernel': jnp.zeros((8, 10))},
+                          'slots': {'conv': {'kernel': jnp.zeros((2, 3, 3, 4, 8))}}})
+  assert dims['conv']['kernel'] == optax.contrib.MuonDimensionNumbers((0, 1, 2), 3) and dims['conv']['bias'] is None
+  assert dims['head']['kernel'] == optax.contrib.MuonDimensionNumbers((0,), 1)
+  assert dims['slots']['conv']['kernel'] == optax.contrib.MuonDimensionNumbers((1, 2, 3), 4)  # axis 0: the slots
+
+
+@pytest.mark.parametrize('field,value', [('optim.name', 'adam'), ('optim.b1', 1.0), ('optim.b2', -0.1),
+                                         ('optim.eps', 0.0), ('optim.trust_coefficient', 0.0),
+                                         ('optim.muon_beta', 1.5), ('optim.ns_steps', 0)])
+def test_bad_optimizer_settings_name_the_field(field, value):
+  with pytest.raises(ConfigError, match=field.replace('.', r'\.')):
+    validate(tiny_config(**{field: value}))
