@@ -92,6 +92,10 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.pipeline.num_devices = 0   # 0: one device per stage (as many as present); stages then share
   c.pipeline.accumulation = 1  # adl: M delayed backwards summed into one update
   c.pipeline.adl_mode = 'B'    # adl: B = update, then forward; A = forward with pre-update parameters
+  c.pipeline.corrector = 'none' # delayed stages' staleness corrector: none, predict, dc, pipemare_lr, nesterov
+  c.pipeline.dc_lambda = 0.04  # dc: lambda of DC-ASGD's g*g*(w_now - w_then) term
+  c.pipeline.lr_anneal_epochs = 7.0  # pipemare_lr: epochs over which the per-stage division by delay fades
+  c.pipeline.nesterov_gamma = 0.99   # nesterov: the look-ahead's momentum gamma (AsyncPP)
   c.pipeline.diagnose_every_steps = 0  # > 0: every N steps, each stage's applied gradient against BP's
                                        # (cosine, norm ratio) as kind "diagnose" lines; 0: off
 

@@ -34,6 +34,9 @@ class Method(abc.ABC):
     if d.coordinator == 'auto' and cls.transfers and not d.transfer_address:
       fail('distributed.transfer_address', f"is required with coordinator='auto' for {cls.name}: HOST:PORT where "
            "this process receives what the other processes send it")
+    if config.pipeline.corrector != 'none' and not cls.pipelined:
+      fail('pipeline.corrector', f'corrects the staleness of a pipeline stage\'s gradient; {cls.name} has no '
+           "delayed stage (use a pipeline method with delays, or leave it at 'none')")
     if config.pipeline.diagnose_every_steps and not cls.pipelined:
       fail('pipeline.diagnose_every_steps', f'compares a pipeline stage\'s gradient with back-propagation\'s; '
            f'{cls.name} has no stages (use a pipeline method, or leave it at 0)')

@@ -20,6 +20,9 @@ class DGL(PipelineMethod):
     if config.pipeline.beta != 1.0:
       fail('pipeline.beta', f'DGL sends no gradient between stages, so beta has nothing to shrink; '
            f'leave it at 1.0 (got {config.pipeline.beta})')
+    if config.pipeline.corrector != 'none':
+      fail('pipeline.corrector', "DGL's stages learn from their own heads without delay, so nothing is stale to "
+           "correct; leave it at 'none'")
 
   def schedule(self, num_stages: int) -> Schedule:
     return Schedule(num_stages, local_heads=True)

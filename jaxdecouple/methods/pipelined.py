@@ -13,6 +13,7 @@ from jaxdecouple.methods.base import Method, Setup
 from jaxdecouple.models import build_model
 from jaxdecouple.pipeline import Pipeline, Schedule, choose_split
 from jaxdecouple.pipeline import accounting as pipeline_accounting
+from jaxdecouple.pipeline.correctors import CORRECTORS, Corrector
 from jaxdecouple.pipeline.diagnose import Diagnosis
 from jaxdecouple.pipeline.placement import is_local
 
@@ -47,6 +48,17 @@ class PipelineMethod(Method):
            "(accumulation=1, adl_mode='B')")
     if p.num_devices < 0:
       fail('pipeline.num_devices', f'must be non-negative (0: one per stage), got {p.num_devices}')
+    if p.corrector not in CORRECTORS:
+      fail('pipeline.corrector', f'{p.corrector!r} is not allowed; choose one of: {", ".join(CORRECTORS)}')
+    if cls.keep == 'replay' and p.corrector not in ('none', 'pipemare_lr'):
+      fail('pipeline.corrector', f'{cls.name} replays its forward with its current parameters, so nothing is stale '
+           "in them to predict or compensate; only 'pipemare_lr' applies")
+    if not p.dc_lambda >= 0:
+      fail('pipeline.dc_lambda', f'must be non-negative, got {p.dc_lambda}')
+    if not p.lr_anneal_epochs > 0:
+      fail('pipeline.lr_anneal_epochs', f'must be positive, got {p.lr_anneal_epochs}')
+    if not 0 <= p.nesterov_gamma < 1:
+      fail('pipeline.nesterov_gamma', f'must be in [0, 1), got {p.nesterov_gamma}')
     blocks = len(build_model(config.model, 10).block_names)
     if p.num_stages > blocks:
       fail('pipeline.num_stages', f'{config.model} has {blocks} blocks, so at most {blocks} stages')
@@ -75,10 +87,12 @@ class PipelineMethod(Method):
     except ValueError as e:
       fail('pipeline.split', str(e))
     s = self.setup
+    corrector = Corrector(p.corrector, 0, 0, p.dc_lambda, max(1, round(p.lr_anneal_epochs * s.steps_per_epoch)),
+                          p.nesterov_gamma, s.config.optim.weight_decay)
     return Pipeline(s.model, split, self.schedule(p.num_stages), self._devices, keep=self.keep or p.keep,
                     beta=p.beta, optimizer=s.optimizer, lr=s.schedule,
                     inputs=lambda images, step: train_inputs(images, step, s.config.seed, s.preprocess),
-                    split_backward=use_split_backward(s.config))
+                    split_backward=use_split_backward(s.config), corrector=corrector)
 
   def train_batch(self, x, y, order, step: int) -> Batch:
     """Streamed images are read and decoded only by the process that owns stage 0's device: the others

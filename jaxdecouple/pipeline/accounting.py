@@ -34,7 +34,10 @@ def describe(pipeline: Pipeline, state: PipelineState) -> list[str]:
         f'({100 * costs[k] / total:.0f}%), delay {s.delay(k)}, staleness {s.staleness(k):.2f} updates, '
         f'first update at iteration {s.first_update(k)}'
         + (f', sends {pipeline.message_bytes[k] / 1e6:.2f} MB/step to stage {k + 1}' if k < s.last else '')
-        + (f'; auxiliary head {count_params(st.aux.params) / 1e6:.3f}M params' if st.aux else ''))
+        + (f'; auxiliary head {count_params(st.aux.params) / 1e6:.3f}M params' if st.aux else '')
+        + (f'; corrector {stage.corrector.kind} (staleness {stage.corrector.staleness:g}) keeps '
+           f'{corrector_bytes(st) / 1e6:.2f} MB, {stage.corrector.copies()} copies of its parameters'
+           if stage.corrector is not None else ''))
   if s.local_heads:
     extra = sum(count_params(st.aux.params) for st in state.stages if st.aux)
     model = sum(count_params(st.params) for st in state.stages)
@@ -43,6 +46,12 @@ def describe(pipeline: Pipeline, state: PipelineState) -> list[str]:
   lines.append('  schedule (F<m>: forward of micro-batch m, B<m>: its backward, *: optimizer step):')
   lines.extend('    ' + line for line in s.table(2 * s.num_stages + s.accumulation).splitlines())
   return lines
+
+
+def corrector_bytes(st) -> int:
+  """Bytes of what a stage's corrector keeps (its last step, the parameters forwards in flight met), counted
+  from the arrays of its state."""
+  return sum(x.nbytes for x in jax.tree.leaves(st.corrector))
 
 
 def timed_step(pipeline: Pipeline, state: PipelineState, batch: Batch, t: int):

@@ -27,7 +27,10 @@ def applied_gradients(stage: Stage, st: StageState, x, labels, step, slot: int):
   kept = st.ring[slot]
   if stage.keep != 'vjp':
     kept, _ = stage.recompute(kept, st.params, st.batch_stats)
-  return stage.stash.unflatten(kept)(st.grad_inbox[0] * jnp.asarray(stage.beta, jnp.float32))[0]
+  grads = stage.stash.unflatten(kept)(st.grad_inbox[0] * jnp.asarray(stage.beta, jnp.float32))[0]
+  if stage.corrector is not None:  # what the update really takes (DC-ASGD's compensation)
+    grads = stage.corrector.gradient(grads, st.params, st.corrector.then[slot] if st.corrector.then else ())
+  return grads
 
 
 class Diagnosis:

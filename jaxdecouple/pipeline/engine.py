@@ -21,6 +21,7 @@ import numpy as np
 from jaxdecouple.data import Batch
 from jaxdecouple.models import Model, relayout
 from jaxdecouple.optim import Optimizer
+from jaxdecouple.pipeline.correctors import Corrector
 from jaxdecouple.pipeline.placement import is_local, move, place
 from jaxdecouple.pipeline.schedule import Schedule
 from jaxdecouple.pipeline.splits import Split
@@ -36,14 +37,14 @@ class Pipeline:
 
   def __init__(self, model: Model, split: Split, schedule: Schedule, devices: Sequence[jax.Device], *,
                keep: str, beta: float, optimizer: Optimizer, lr: Callable, inputs: Callable,
-               split_backward: bool):
+               split_backward: bool, corrector: Corrector | None = None):
     if keep not in KEEPS:
       raise ValueError(f'keep must be one of {KEEPS}, got {keep!r}')
     self.model, self.split, self.schedule, self.optimizer = model, split, schedule, optimizer
     self.keep, self.beta, self.inputs = keep, beta, inputs
     self.devices = [devices[k % len(devices)] for k in range(schedule.num_stages)]
     self.stages = [Stage(k, c, schedule, keep, beta, optimizer, lr, inputs, split_backward, d, model.num_classes,
-                         model.dtype)
+                         model.dtype, corrector)
                    for k, (c, d) in enumerate(zip(model.cut(split.boundaries), self.devices))]
     self.message_bytes: list[int] = []
     self._tags: dict | None = None
@@ -73,8 +74,9 @@ class Pipeline:
         head = stage.head.init(jax.random.fold_in(rng, 1000 + k), jnp.zeros((1, *y.shape[1:]), y.dtype), train=False)
         aux = AuxHeadState(head['params'], head['batch_stats'], self.optimizer.init(head['params']))
       accum = zeros(params) if self.schedule.accumulation > 1 else ()
+      corrector = stage.corrector.init(params) if stage.corrector is not None else ()
       states.append(place(StageState(params, stats, self.optimizer.init(params), ring, inbox, grad_inbox,
-                                     accum, aux), stage.device))
+                                     accum, aux, corrector), stage.device))
       x = y
     return PipelineState(tuple(states))
 
