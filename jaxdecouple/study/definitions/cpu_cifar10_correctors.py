@@ -1,0 +1,62 @@
+"""Can a staleness corrector close FDG's K = 4 gap (cpu_cifar10_converged: +0.72 points behind BP on ResNet-8,
+3 seeds)? Each corrector of jaxdecouple/pipeline/correctors.py is screened on one seed (the best two then get
+seeds 1 and 2); BP and FDG with AdamW and with Muon ask whether the optimizer decides delay tolerance on a CNN
+(Muon far more tolerant than AdamW in arXiv 2606.30634); and FDG K = 4 on ResNet-14 asks whether the K = 4 gap
+shrinks with depth as the K = 2 one did (+0.35 on ResNet-8, +0.02 on ResNet-14). Shares cpu_cifar10_converged's
+workdir: its ResNet-8 BP and FDG (K = 4, beta 0.3, warm-up) runs and converged_why's ResNet-14 BP runs are
+shown again, not rerun."""
+from jaxdecouple.study.core import SEEDS, Claim, Run, Study
+from jaxdecouple.study.definitions import cpu_cifar10_converged as main
+from jaxdecouple.study.definitions import cpu_cifar10_converged_why as why
+from jaxdecouple.study.definitions.common import CIFAR10_DATA, CIFAR10_FILE
+
+CORRECTORS = ('predict', 'dc', 'pipemare_lr', 'nesterov')
+OPTIMIZERS = {'AdamW': ('adamw', 1e-3), 'Muon': ('muon', 0.02)}  # name: (optim.name, learning rate)
+WEIGHT_DECAY = 0.05  # decoupled (times the rate), as AdamW and Muon are usually run
+
+
+def build(method, corrector='none', optimizer=None, model='resnet8'):
+  """cpu_cifar10_converged's K = 4 recipe (FDG: beta 0.3 and the warm-up), with a corrector or an optimizer."""
+  def b():
+    c = main.build(method, k=4, beta=0.3 if method == 'fdg' else 1.0, warmup=method == 'fdg', model=model)()
+    c.pipeline.corrector = corrector
+    if optimizer:
+      c.optim.name, c.optim.learning_rate = OPTIMIZERS[optimizer]
+      c.optim.weight_decay, c.optim.warmup_lr = WEIGHT_DECAY, c.optim.learning_rate / 10
+    return c
+  return b
+
+
+def study() -> Study:
+  k4, r14 = 'ResNet-8, K=4', 'ResNet-14, K=4'
+  converged = {(r.row, r.column, r.seed): r for r in main.study().runs}
+  deeper = {(r.row, r.column, r.seed): r for r in why.study().runs}
+  runs = []
+  for seed in SEEDS:  # shown again: BP (ResNet-8 and 14) and plain FDG at K=4
+    runs += [converged[('ResNet-8, K=2', 'BP', seed)].shown_as(k4), converged[(k4, 'FDG beta=0.3', seed)].shown_as(k4, 'FDG'),
+             deeper[('ResNet-14, K=2', 'BP', seed)].shown_as(r14)]
+  runs += [Run(k4, f'FDG {c}', 0, build('fdg', c)) for c in CORRECTORS]  # the screen, one seed each
+  for name in OPTIMIZERS:
+    runs += [Run(f'{k4}, {name}', column, 0, build(method, optimizer=name)) for method, column in (('bp', 'BP'),
+                                                                                                  ('fdg', 'FDG'))]
+  runs += [Run(r14, 'FDG', seed, build('fdg', model=why.DEEPER)) for seed in SEEDS]
+  for seed in SEEDS[1:]:
+    for name in OPTIMIZERS:
+      runs += [Run(f'{k4}, {name}', column, seed, build(method, optimizer=name)) for method, column in (
+          ('bp', 'BP'), ('fdg', 'FDG'))]
+  return Study(
+      'cpu_cifar10_correctors', 'CPU: CIFAR-10 ResNet-8 at K=4, staleness correctors and optimizers against FDG\'s '
+      'gap to BP; ResNet-14 at K=4', CIFAR10_DATA,
+      f"cpu_cifar10_converged's recipe and workdir ({main.EPOCHS} epochs, SGD lr 0.1, K=4 FDG with beta 0.3 and the "
+      'warm-up) with one corrector each (defaults: dc_lambda 0.04, lr_anneal_epochs 7, nesterov_gamma 0.99); '
+      f'AdamW (lr 1e-3) and Muon (lr 0.02, its Adam for biases and BatchNorm at the same rate), weight decay '
+      f'{WEIGHT_DECAY} decoupled, the same schedule and warm-up at a tenth of the rate, not tuned; ResNet-14 '
+      "(converged_why's network) at K=4. BP and plain FDG are the committed runs of cpu_cifar10_converged",
+      tuple(runs), needs=CIFAR10_FILE, column_order=('BP', 'FDG', *(f'FDG {c}' for c in CORRECTORS)),
+      train_error=True, claims=(
+          *(Claim(f'FDG with {c} at K=4 within 0.3 points of BP (plain FDG: +0.72)', f'FDG {c}', (k4,), 0.3)
+            for c in CORRECTORS),
+          Claim("FDG's gap to BP at K=4 is smaller with Muon than with AdamW (arXiv 2606.30634, one-step delay)",
+                'FDG', (f'{k4}, Muon', f'{k4}, AdamW')),
+          Claim("FDG's gap to BP at K=4 is smaller on ResNet-14 than on ResNet-8 (at K=2: +0.02 against +0.35)",
+                'FDG', (r14, k4))))
