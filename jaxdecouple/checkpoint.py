@@ -144,12 +144,14 @@ class Checkpointer:
                        f'(first: array {bad[0] if bad else "?"})')
 
   def _common_steps(self, steps: list[int]) -> list[int]:
-    """Per process: the steps every process has a checkpoint of (the processes resume together)."""
+    """Per process: the steps every process has a checkpoint of (the processes resume together). The
+    processes meet under a key of what they share, this run (one per coordinator) and the round of the
+    agreement, never a path: each host may keep its workdir where it likes."""
     if not self.per_process:
       return steps
     from jax._src import distributed
     client, me = distributed.global_state.client, jax.process_index()
-    key = f'jaxdecouple/checkpoints/{self.root}/{Checkpointer._round}'
+    key = f'jaxdecouple/checkpoints/{Checkpointer._round}'
     Checkpointer._round += 1
     client.key_value_set(f'{key}/{me}', json.dumps(steps))
     common = set(steps)

@@ -198,7 +198,9 @@ class Loop:
     sample = BlankImages(ds.x_train) if ds.streamed else ds.x_train
     state = method.init(jax.random.key(c.seed), method.train_batch(sample, ds.y_train, self.order, 0))
     restored = self.checkpointer.restore_latest(lambda step: method.state_at(state, step))
-    if jax.process_index() == 0:  # only now: a refused resume leaves the workdir as it was
+    # only now: a refused resume leaves the workdir as it was. Process 0 always; another process where its
+    # workdir has none (a host with a workdir of its own: config.json is what a resume there checks)
+    if jax.process_index() == 0 or not os.path.exists(os.path.join(self.workdir, 'config.json')):
       write_config(c, self.workdir)
     start, carried = 0, (0.0, 0)
     if restored is not None:

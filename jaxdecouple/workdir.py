@@ -109,8 +109,11 @@ def check_resume(config, workdir: str) -> None:
 
 
 def write_config(config, workdir: str) -> None:
-  with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
+  """config.json, written whole or not at all (processes sharing a workdir may write it at once)."""
+  path = os.path.join(workdir, 'config.json')
+  with open(f'{path}.{os.getpid()}.tmp', 'w', encoding='utf-8') as f:
     f.write(config.to_json_best_effort(indent=2))
+  os.replace(f'{path}.{os.getpid()}.tmp', path)
 
 
 def _probe(folder: str, what: str) -> None:

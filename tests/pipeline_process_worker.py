@@ -3,6 +3,8 @@ their stages spread over the processes, saving each run's final model.
 
   python pipeline_process_worker.py PROCESS_ID PORT DEVICES WORKDIR OUT RUN [RUN ...]
 
+WORKDIR may hold '{process}', replaced by the process id (each process its own workdir path).
+
 PROCESS_ID -1 runs the same alone, in one process with DEVICES devices: the reference (XLA:CPU's numbers
 depend on how many devices a process splits the cores into, so the reference is a process too).
 
@@ -56,6 +58,7 @@ def count_training_images() -> dict:
 def main(process_id: int, port: int, workdir: str, out: str, runs: list[str]):
   from jaxdecouple.checkpoint import Checkpointer
   from jaxdecouple.train import train_and_evaluate
+  workdir = workdir.replace('{process}', str(process_id))  # each process its own path, as two hosts may have
   counts = count_training_images()
   for spec in runs:
     counts['images'] = 0

@@ -26,10 +26,10 @@ sys.path.insert(0, HERE)
 from test_multiprocess import free_port  # noqa: E402
 
 
-def start(tmp_path, devices: int, runs: list[str], tag: str = 'p', port: int | None = None):
+def start(tmp_path, devices: int, runs: list[str], tag: str = 'p', port: int | None = None, workdir: str = 'w'):
   port = port or free_port()
   return [subprocess.Popen([sys.executable, os.path.join(HERE, 'pipeline_process_worker.py'), str(i), str(port),
-                            str(devices), str(tmp_path / 'w'), str(tmp_path / f'{tag}{i}'), *runs], env=ENV,
+                            str(devices), str(tmp_path / workdir), str(tmp_path / f'{tag}{i}'), *runs], env=ENV,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
 
 
@@ -152,3 +152,25 @@ def test_a_layout_that_leaves_a_process_idle_stops_at_start_up(tmp_path):
   codes, logs = finish(start(tmp_path, 2, ['one:fdg:1:2']))  # K = 1: process 1 would hold no stage
   assert codes != [0, 0]
   assert 'pipeline.num_stages' in logs and 'without a stage' in logs
+
+
+def test_each_process_may_keep_its_workdir_at_its_own_path(tmp_path):
+  """Two hosts need not share a filesystem or a path: process 0 writes under host0/, process 1 under host1/;
+  they agree on the checkpoint to resume from (keyed by the run, not by a path), resume at step 4 and end
+  where one process running the 8 steps uninterrupted ends, bit for bit."""
+  codes, logs = finish(start(tmp_path, 1, ['fdg:fdg:2:4:ckpt=2'], tag='first', workdir='host{process}'))
+  assert codes == [0, 0], logs
+  assert os.path.isdir(tmp_path / 'host0' / 'fdg') and os.path.isdir(tmp_path / 'host1' / 'fdg')
+  codes, logs = finish(start(tmp_path, 1, ['fdg:fdg:2:8:ckpt=2'], workdir='host{process}'))
+  assert codes == [0, 0], logs
+  assert 'no config.json' not in logs, logs  # each host's workdir has its own
+  from jaxdecouple.writers import read_metrics
+  trained = [r['step'] for r in read_metrics(str(tmp_path / 'host0' / 'fdg')) if r['kind'] == 'train']
+  assert trained == [2, 4, 6, 8], trained  # resumed at 4, not restarted from 0
+  one_process(tmp_path, 2, ['fdg:fdg:2:8:ckpt=2'])
+  ref = np.load(tmp_path / 'ref_fdg.npz')
+  for i in range(2):
+    mine = np.load(tmp_path / f'p{i}_fdg.npz')
+    for key in ref.files:
+      if key not in ('__decoded__',):
+        np.testing.assert_array_equal(mine[key], ref[key], err_msg=key)
