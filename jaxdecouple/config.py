@@ -121,11 +121,10 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.distributed = ml_collections.ConfigDict()  # several processes (hosts) in one run
   c.distributed.coordinator = ''   # '': one process; 'auto': jax.distributed.initialize() detects
                                    # (TPU pods, SLURM, ...); or 'HOST:PORT' with the two fields below
-  c.distributed.num_processes = 1
-  c.distributed.process_id = 0
-  c.distributed.transfer_address = ''  # pipeline methods and resist: HOST:PORT where this process receives
-                                       # other stages' messages or other workers' blocks; '': this host's address toward the coordinator,
-                                       # port = the coordinator's + 1 + process_id (with 'auto': required)
+  c.distributed.num_processes, c.distributed.process_id = 1, 0
+  c.distributed.startup_timeout_s = 60.0  # how long a process waits for the others' configs at start-up
+  c.distributed.transfer_address = ''  # pipelines, resist: HOST:PORT where this process receives transfers; '':
+  # its address toward the coordinator, port = the coordinator's + 1 + process_id (with 'auto': required)
   return c
 
 
@@ -290,6 +289,8 @@ def validate(config) -> None:
       fail('distributed.coordinator', f"must be '', 'auto' or HOST:PORT, got {d.coordinator!r}")
     if d.num_processes < 2:
       fail('distributed.num_processes', f'must be at least 2 with a coordinator, got {d.num_processes}')
+    if not d.startup_timeout_s > 0:
+      fail('distributed.startup_timeout_s', f'must be positive, got {d.startup_timeout_s}')
     if not 0 <= d.process_id < d.num_processes:
       fail('distributed.process_id', f'must be in [0, {d.num_processes}), got {d.process_id}')
   if d.transfer_address and (':' not in d.transfer_address or not d.transfer_address.rsplit(':', 1)[1].isdigit()):

@@ -1,15 +1,24 @@
 """Several processes in one run: joining it before JAX computes, and stopping all of them together.
 
 ``start_processes`` joins the run (config.distributed) and sets where this process receives transfers;
-``StopSignal`` turns SIGTERM or Ctrl-C into one agreed stop with a checkpoint.
+``agree_on_config`` compares every process's config before any work; ``StopSignal`` turns SIGTERM or Ctrl-C
+into one agreed stop with a checkpoint.
 """
 from __future__ import annotations
 
+import json
 import signal
 import socket
 
 import jax
 from absl import logging
+
+from jaxdecouple.errors import ConfigError
+
+# Fields each process may set its own way: who it is, where it listens, where its host keeps the data.
+PER_PROCESS = ('distributed.process_id', 'distributed.transfer_address', 'data.path', 'data.idx_dir',
+               'data.tfds_data_dir', 'data.tfds_manual_dir', 'data.imagenet_v2_dir', 'data.workers',
+               'data.prefetch')
 
 
 def transfer_address(d) -> str:
@@ -43,6 +52,47 @@ def start_processes(d, transfers: bool = False) -> None:
     jax.distributed.initialize(d.coordinator, num_processes=d.num_processes, process_id=d.process_id)
   logging.info('process %d of %d; %d local devices, %d in all', jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.device_count())
+
+
+def _flat(tree: dict, prefix: str = '') -> dict:
+  out = {}
+  for key, value in tree.items():
+    out.update(_flat(value, f'{prefix}{key}.') if isinstance(value, dict) else {prefix + key: value})
+  return out
+
+
+def agree_on_config(config, timeout_s: float) -> None:
+  """Before any work, every process puts its config in the coordinator's key-value store and reads every
+  other's (waiting at most ``timeout_s``); a field that differs (other than ``PER_PROCESS``) stops every
+  process with one line naming the field, the processes and their values. A run whose processes trained
+  different configs would end with a hybrid model, or deadlock when their layouts differ."""
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed
+  client, me = distributed.global_state.client, jax.process_index()
+  mine = {k: v for k, v in _flat(json.loads(config.to_json_best_effort())).items() if k not in PER_PROCESS}
+  client.key_value_set(f'jaxdecouple/config/{me}', json.dumps(mine, sort_keys=True))
+  for p in range(jax.process_count()):
+    if p == me:
+      continue
+    try:
+      theirs = json.loads(client.blocking_key_value_get(f'jaxdecouple/config/{p}', int(timeout_s * 1000)))
+    except Exception as e:  # noqa: BLE001  the coordination service's own error: a deadline, a lost peer
+      raise ConfigError(f'config.distributed: process {p} did not show its config within {timeout_s:g} s '
+                        f'({type(e).__name__}); start every process, or raise '
+                        'config.distributed.startup_timeout_s') from None
+    for field in sorted(set(mine) | set(theirs)):
+      if mine.get(field) != theirs.get(field):
+        # every process finds the difference (each compares with every other): they leave the coordination
+        # service together, so that the first to exit (the service's host) does not abort the others
+        try:
+          jax.distributed.shutdown()
+        except Exception:  # noqa: BLE001  the line below says what matters
+          pass
+        raise ConfigError(
+            f'config.{field}: process {me} has {json.dumps(mine.get(field))}, process {p} has '
+            f'{json.dumps(theirs.get(field))}; every process needs the same config (only '
+            f'{", ".join(PER_PROCESS)} may differ)')
 
 
 class StopSignal:

@@ -174,3 +174,29 @@ def test_each_process_may_keep_its_workdir_at_its_own_path(tmp_path):
     for key in ref.files:
       if key not in ('__decoded__',):
         np.testing.assert_array_equal(mine[key], ref[key], err_msg=key)
+
+
+def test_processes_with_different_configs_stop_at_start_up_with_one_line(tmp_path):
+  """Process 1 given another learning rate (a run that used to end with a hybrid model) or another number
+  of stages (that used to deadlock): both processes stop before any work, within seconds, with exit 2 and
+  one line naming the field and both values."""
+  root = os.path.dirname(HERE)
+  for field, value, shown in (('optim.learning_rate', '0.2', '0.2'), ('pipeline.num_stages', '3', '3')):
+    port = free_port()
+    common = ['--config=configs/quickstart.py', '--config.method=fdg', '--config.dataset=cifar10',
+              '--config.data.source=synthetic', '--config.model=resnet8', '--config.max_steps=2',
+              '--config.cpu_devices=1', f'--config.distributed.coordinator=127.0.0.1:{port}',
+              '--config.distributed.num_processes=2']
+    began = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, 'main.py', *common, f'--config.distributed.process_id={i}',
+                               f'--workdir={tmp_path / field / str(i)}', *([f'--config.{field}={value}'] if i else [])],
+                              cwd=root, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    took = time.monotonic() - began
+    for p, (_, err) in zip(procs, outs):
+      errors = [line for line in err.splitlines() if line.startswith('error:')]
+      assert p.returncode == 2 and len(errors) == 1, (p.returncode, err[-2000:])
+      assert errors[0].startswith(f'error: config.{field}: process ') and shown in errors[0], errors
+    assert took < 60, took
+    assert not any(os.path.exists(tmp_path / field / str(i) / 'checkpoints') for i in range(2))
