@@ -1,0 +1,14 @@
+"""BP on CIFAR-100 wrn28_10, the FDG paper's recipe (300 epochs): the baseline beside
+configs/fdg_wrn28_10_c100.py.
+
+python main.py --config=configs/bp_wrn28_10_c100.py --config.data.path=cifar100.npz
+
+Paper (Table 3, BP rerun by the FDG authors): CIFAR-100 BP 19.6% (the authors' README; the paper quotes 19.2% from the WRN paper).
+Data: an .npz with x_train, y_train, x_test, y_test of CIFAR-100 (100 classes), or tensorflow-datasets when it
+can download or has the data prepared.
+"""
+from jaxdecouple.recipes import fdg_paper
+
+
+def get_config():
+  return fdg_paper('bp', 'wrn28_10', 'cifar100', num_stages=1, beta=1.0, warmup=False)
