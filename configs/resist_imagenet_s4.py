@@ -9,9 +9,8 @@ Paper (Table 3, top-1 accuracy): ImageNet 70.74%, ImageNet-V2 MF 57.56%, T-0.7 6
 Batch 256 per worker, 90 epochs, lr 0.1 / 10 at epochs 30 and 60, bfloat16 compute, 50 local iterations
 per round (the paper's ImageNet value of L is lost from its text; 50 is the release's), minimum depth 10.
 As the paper: the shared layers' running BatchNorm statistics are averaged every 1300 rounds
-(replica.stats_every_steps). Its local-SGD warm-up before ResIST starts (replica.warmup_steps) is built but
-left at 0 here, as the paper gives no number for ImageNet ("a few epochs"): set it, e.g.
---config.replica.warmup_steps=25000 (about 5 epochs of 5,004 steps).
+(replica.stats_every_steps), and a local-SGD warm-up runs before ResIST starts (replica.warmup_steps, the
+paper's "a few epochs": 25,000 steps, about 5 epochs; --config.replica.warmup_steps=0 turns it off).
 Workers run one per device (fewer devices: several per device, same numbers); several hosts:
 docs/DISTRIBUTED.md.
 """

@@ -55,6 +55,8 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.data.imagenet_v2 = ''      # imagenet: also evaluate on ImageNet-V2: 'all' or some of matched-frequency,
                                # threshold-0.7, topimages (comma-separated)
   c.data.imagenet_v2_dir = ''  # the folder holding the extracted ImageNet-V2 test sets; '': tensorflow-datasets
+  c.data.holdout = 0.0         # (0, 1): this fraction of the training set (a fixed split) is evaluated in place of
+                               # the test set, for tuning hyper-parameters (in-memory data sets)
   c.data.augment = True        # random crop (zero padding) + horizontal flip; imagenet: random-resized crop + flip
   c.data.crop_padding = 4
   c.data.flip = True
@@ -201,31 +203,6 @@ def _positive(config, field: str, allow_zero: bool = False):
     fail(field, f'must be {"non-negative" if allow_zero else "positive"}, got {value!r}')
 
 
-def _check_streamed_data(config, data) -> None:
-  streamed = config.dataset in data.STREAMED
-  if streamed and config.data.source not in data.STREAM_SOURCES:
-    fail('data.source', f'{config.data.source!r} holds data in memory; {config.dataset} is streamed from JPEG files: '
-         f'use {", ".join(data.STREAM_SOURCES)}')
-  if not streamed and config.data.source == 'folder':
-    fail('data.source', f"'folder' streams JPEG files (dataset=imagenet); {config.dataset} is read into memory: "
-         "use auto, idx, npz or tfds")
-  if config.data.source == 'folder' and not config.data.path:
-    fail('data.path', "is required when data.source='folder' (a folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG)")
-  if config.data.image_size > 1024:
-    fail('data.image_size', f'{config.data.image_size} pixels is more than 1024; ImageNet models train at 224')
-  if config.data.workers > 256:
-    fail('data.workers', f'{config.data.workers} decoding processes is more than 256; 0 uses one per core')
-  variants = [v.strip() for v in config.data.imagenet_v2.split(',') if v.strip()]
-  if variants:
-    if not streamed:
-      fail('data.imagenet_v2', f'the ImageNet-V2 test sets go with dataset=imagenet, not {config.dataset}')
-    allowed = ('matched-frequency', 'threshold-0.7', 'topimages')
-    wrong = [v for v in variants if v not in allowed] if variants != ['all'] else []
-    if wrong:
-      fail('data.imagenet_v2', f"{wrong[0]!r} is not an ImageNet-V2 test set: give 'all' or some of "
-           f"{', '.join(allowed)}")
-
-
 def validate(config) -> None:
   """Checks every field; raises ConfigError with one line naming the field and what is allowed. The method's
   name and sections are the method's to check (``jaxdecouple.methods.validate``)."""
@@ -280,9 +257,7 @@ def validate(config) -> None:
     if field not in known:
       fail('resume_changes', f'{field!r} is not a config field (give dotted names, e.g. optim.learning_rate)')
   _positive(config, 'pipeline.diagnose_every_steps', allow_zero=True)
-  _check_streamed_data(config, data)
-  if config.data.source == 'npz' and not config.data.path:
-    fail('data.path', "is required when data.source='npz' (a .npz with x_train, y_train, x_test, y_test)")
+  data.validate(config)
   d = config.distributed
   if d.coordinator not in ('', 'auto'):
     if ':' not in d.coordinator:

@@ -89,12 +89,16 @@ def imagenet(method: str, model: str, batch_size: int = 256, num_epochs: int = 9
   return c
 
 
+IMAGENET_WARMUP_STEPS = 25_000  # about 5 epochs of ImageNet at batch 256 per worker (5,004 steps an epoch)
+
+
 def resist_imagenet(method: str, num_workers: int = 4):
   """The ResIST paper's ImageNet runs (section 5): pre-activation ResNet-101 with the ImageNet stem, batch
   256 per worker, 90 epochs, lr 0.1 / 10 at epochs 30 and 60, minimum depth 10 blocks per sub-ResNet,
   momentum restarted every round, running BatchNorm statistics (the shared layers' averaged every 1300
-  rounds, as the paper's section 5 does; a block's travel with it), evaluated
-  on the validation set and the three ImageNet-V2 test sets."""
+  rounds, as the paper's section 5 does; a block's travel with it), and for ResIST the section 2.6 local-SGD
+  warm-up ("a few epochs": 5 here, 25,000 steps of the 5,004 an epoch has per worker, a multiple of L),
+  evaluated on the validation set and the three ImageNet-V2 test sets."""
   c = imagenet(method, 'imagenet_preact101', batch_size=256, num_epochs=90)
   c.optim.learning_rate = 0.1
   c.optim.milestones = (30, 60)
@@ -104,5 +108,6 @@ def resist_imagenet(method: str, num_workers: int = 4):
   c.replica.momentum = 'restart'
   c.replica.batch_norm = 'running'
   c.replica.stats_every_steps = 1300 * c.replica.local_steps  # "every 1300 synchronization rounds"
+  c.replica.warmup_steps = IMAGENET_WARMUP_STEPS if method == 'resist' else 0  # local SGD first (section 2.6)
   c.data.imagenet_v2 = 'all'
   return c

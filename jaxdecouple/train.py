@@ -21,6 +21,7 @@ from absl import logging
 from jaxdecouple.checkpoint import Checkpointer
 from jaxdecouple.clock import Clock, epoch_clock_at, itstime
 from jaxdecouple.data import Preprocess, TrainOrder, load_dataset
+from jaxdecouple.data.holdout import hold_out
 from jaxdecouple.data.stream import BlankImages, Prefetcher
 from jaxdecouple.errors import DivergenceError, fail
 from jaxdecouple.evaluate import Evaluator
@@ -118,7 +119,7 @@ class Loop:
 
   def __init__(self, config, workdir: str, checkpointer: Checkpointer):
     self.config, self.workdir, self.checkpointer = config, workdir, checkpointer
-    self.dataset = dataset = load_dataset(config.data, config.dataset)
+    self.dataset = dataset = hold_out(load_dataset(config.data, config.dataset), config.data.holdout)
     if config.batch_size > len(dataset.x_train):
       fail('batch_size', f'{config.batch_size} exceeds the {len(dataset.x_train)} training examples of {config.dataset}')
     self.setup = build_setup(config, dataset)

@@ -55,3 +55,38 @@ def test_the_cifar100_path_trains_with_a_100_way_head(method, cifar100_npz, work
 def jax_leaves(tree):
   import jax
   return jax.tree.leaves(tree)
+
+
+def test_imagenet_configs_are_set_as_the_paper_ran_them():
+  """ResIST's ImageNet runs: the shared layers' BatchNorm statistics averaged every 1300 rounds, and (ResIST only)
+  a local-SGD warm-up of a few epochs before ResIST, a multiple of L and shorter than the run."""
+  for name in ('resist_imagenet_s2', 'resist_imagenet_s4', 'localsgd_imagenet_s2', 'localsgd_imagenet_s4'):
+    c = load(os.path.join(ROOT, 'configs', f'{name}.py')).get_config()
+    assert c.replica.stats_every_steps == 1300 * c.replica.local_steps
+    if c.method == 'resist':
+      assert c.replica.warmup_steps % c.replica.local_steps == 0
+      assert 3 * 5004 <= c.replica.warmup_steps <= 10 * 5004  # a few epochs of 5,004 steps
+    else:
+      assert c.replica.warmup_steps == 0
+
+
+def test_holdout_evaluates_a_fixed_part_of_the_training_set(cifar100_npz, workdir):
+  """data.holdout = 0.25: a quarter of the training set (the same for every seed), never trained on, is the
+  test set; the real test set is not used."""
+  from jaxdecouple.data import load_dataset
+  from jaxdecouple.data.holdout import hold_out
+  config = tiny_config(dataset='cifar100', max_steps=2, **{'data.source': 'npz', 'data.path': cifar100_npz,
+                                                           'data.holdout': 0.25})
+  whole = load_dataset(config.data, 'cifar100')
+  split = hold_out(whole, 0.25)
+  assert (len(split.x_train), len(split.x_test)) == (192, 64)
+  train_rows = {x.tobytes() for x in split.x_train}
+  assert not any(x.tobytes() in train_rows for x in split.x_test)  # held out, never trained on
+  assert {x.tobytes() for x in split.x_test} <= {x.tobytes() for x in whole.x_train}
+  assert all((hold_out(whole, 0.25).x_test == split.x_test).flatten())  # a fixed split
+  result = train_and_evaluate(config, workdir)
+  assert result.method.setup.steps_per_epoch == 192 // 32  # trains on the rest only
+  from jaxdecouple.evaluate import Evaluator
+  evaluate = Evaluator(result.method.predict_fn(), result.method.setup.preprocess, 64, result.method.setup.devices[0])
+  assert evaluate(result.variables, split.x_test, split.y_test) == pytest.approx(
+      {k: v for k, v in result.last_eval.items() if k in ('test_loss', 'test_accuracy')}, rel=1e-5)

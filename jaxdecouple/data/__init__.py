@@ -1,8 +1,9 @@
 """Data: sources -> uint8 arrays in memory, or JPEG files streamed per batch (imagenet); per-epoch order from
 (seed, epoch); augmentation on the device (in memory) or on the host as JPEGs are decoded (streamed)."""
+from jaxdecouple.data.checks import validate
 from jaxdecouple.data.batches import Batch, Preprocess, TrainOrder, augment, normalize, train_inputs
 from jaxdecouple.data.sources import (DATASETS, SOURCES, STREAM_SOURCES, STREAMED, Dataset, DatasetInfo,
                                      load_dataset)
 
 __all__ = ['Batch', 'Preprocess', 'TrainOrder', 'augment', 'normalize', 'train_inputs', 'DATASETS',
-           'SOURCES', 'STREAM_SOURCES', 'STREAMED', 'Dataset', 'DatasetInfo', 'load_dataset']
+           'SOURCES', 'STREAM_SOURCES', 'STREAMED', 'Dataset', 'DatasetInfo', 'load_dataset', 'validate']
