@@ -61,6 +61,9 @@ def _flat(tree: dict, prefix: str = '') -> dict:
   return out
 
 
+_AGREEMENTS = [0]  # how many runs this process has started: the processes start theirs in the same order
+
+
 def agree_on_config(config, timeout_s: float) -> None:
   """Before any work, every process puts its config in the coordinator's key-value store and reads every
   other's (waiting at most ``timeout_s``); a field that differs (other than ``PER_PROCESS``) stops every
@@ -71,12 +74,14 @@ def agree_on_config(config, timeout_s: float) -> None:
   from jax._src import distributed
   client, me = distributed.global_state.client, jax.process_index()
   mine = {k: v for k, v in _flat(json.loads(config.to_json_best_effort())).items() if k not in PER_PROCESS}
-  client.key_value_set(f'jaxdecouple/config/{me}', json.dumps(mine, sort_keys=True))
+  key = f'jaxdecouple/config/{_AGREEMENTS[0]}'  # a process may train several runs: one key per run
+  _AGREEMENTS[0] += 1
+  client.key_value_set(f'{key}/{me}', json.dumps(mine, sort_keys=True))
   for p in range(jax.process_count()):
     if p == me:
       continue
     try:
-      theirs = json.loads(client.blocking_key_value_get(f'jaxdecouple/config/{p}', int(timeout_s * 1000)))
+      theirs = json.loads(client.blocking_key_value_get(f'{key}/{p}', int(timeout_s * 1000)))
     except Exception as e:  # noqa: BLE001  the coordination service's own error: a deadline, a lost peer
       raise ConfigError(f'config.distributed: process {p} did not show its config within {timeout_s:g} s '
                         f'({type(e).__name__}); start every process, or raise '
