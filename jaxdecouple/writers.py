@@ -105,11 +105,29 @@ class MetricWriter:
       self._tb[2]()
 
 
-def read_metrics(workdir: str) -> list[dict]:
-  """All records of a run's metrics.jsonl (a resumed run appends to the same file)."""
+def read_metrics(workdir: str, damaged: list | None = None) -> list[dict]:
+  """All records of a run's metrics.jsonl (a resumed run appends to the same file). A damaged line (cut short
+  by a killed process or a full disk, or not a record) is skipped; given a list as ``damaged``, each such line
+  is added to it as (line number, what is wrong)."""
   path = os.path.join(workdir, 'metrics.jsonl')
-  with open(path, encoding='utf-8') as f:
-    return [json.loads(line) for line in f if line.strip()]
+  records = []
+  with open(path, encoding='utf-8', errors='replace') as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except ValueError as e:  # 'Expecting value at column 1'
+        wrong = (f'{e.msg}{"" if e.msg.endswith(" at") else " at"} column {e.colno}'
+                 if isinstance(e, json.JSONDecodeError) else str(e))
+      else:
+        if isinstance(record, dict) and isinstance(record.get('kind'), str) and isinstance(record.get('step'), int):
+          records.append(record)
+          continue
+        wrong = 'not a record with a kind and a step'
+      if damaged is not None:
+        damaged.append((number, wrong))
+  return records
 
 
 def format_duration(seconds: float) -> str:

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import re
+import sys
 from typing import Callable
 
 @dataclasses.dataclass(frozen=True)
@@ -101,14 +102,123 @@ def run_dir(workdir: str, run: Run) -> str:
   return os.path.join(workdir, 'runs', run.name)
 
 
+def read_record(workdir: str, run: Run, name: str, needs: tuple[str, ...] = ()) -> tuple[dict | None, str | None]:
+  """A run's record ``name`` (finished.json, diverged.json): (record, None) when it is whole, (None, None)
+  when it is absent, (None, what is wrong) when it is damaged (empty, cut short, not a JSON object, or
+  without one of the numbers in ``needs``). Says nothing: the callers decide what a damaged one counts as."""
+  path = os.path.join(run_dir(workdir, run), name)
+  try:
+    with open(path, encoding='utf-8') as f:
+      text = f.read()
+  except FileNotFoundError:
+    return None, None
+  except (OSError, ValueError) as e:  # unreadable, or not UTF-8
+    return None, f'is unreadable ({getattr(e, "strerror", None) or type(e).__name__})'
+  if not text.strip():
+    return None, 'is damaged (empty)'
+  try:
+    record = json.loads(text)
+  except ValueError as e:
+    return None, f'is damaged ({damage(e)})'
+  if not isinstance(record, dict):
+    return None, f'is damaged (a JSON {type(record).__name__}, not an object)'
+  missing = [k for k in needs if not isinstance(record.get(k), (int, float)) or isinstance(record.get(k), bool)]
+  if missing:
+    return None, f'is damaged (no {", ".join(missing)} in it)'
+  return record, None
+
+
+def damage(e: ValueError, one_line: bool = False) -> str:
+  """What is wrong with a file of JSON, in a few words: 'Expecting value: line 1 column 1'; with ``one_line``
+  (a line of a .jsonl file): 'Expecting value at column 1'."""
+  if not isinstance(e, json.JSONDecodeError):
+    return str(e)
+  if one_line:
+    return f'{e.msg}{"" if e.msg.endswith(" at") else " at"} column {e.colno}'
+  return f'{e.msg}: line {e.lineno} column {e.colno}'
+
+
+_WARNED: set[tuple] = set()  # the damaged files warned about, each in the state it was read in
+
+
+def warn_once(workdir: str, run: Run, name: str, line: str, say: Callable[[str], None] | None = None,
+              always: bool = False) -> bool:
+  """Says ``warning: run RUN: NAME LINE`` (on stderr, or through ``say``) the first time this process meets
+  the file ``name`` of the run in its present state (or ``always``; later calls are then silent), so that a
+  report reading a record many times says it once; True when it said it."""
+  path = os.path.join(run_dir(workdir, run), name)
+  try:
+    st = os.stat(path)
+    key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
+  except OSError:
+    key = (os.path.abspath(path),)
+  if key in _WARNED and not always:
+    return False
+  _WARNED.add(key)
+  text = f'warning: run {run.name}: {name} {line}'
+  if say is None:
+    print(text, file=sys.stderr, flush=True)
+  else:
+    say(text)
+  return True
+
+
+FINISHED_NEEDS = ('test_accuracy',)  # what the report reads from every finished.json
+
+
+_METRICS: dict[tuple, tuple[bool, str | None]] = {}  # metrics.jsonl in a given state -> usable, what is wrong
+
+
+def _metrics_verdict(folder: str) -> tuple[bool, str | None]:
+  """Whether a finished run's metrics.jsonl can give its learning curves (absent: not asked here), and what is
+  wrong with it: damaged lines (skipped by ``read_metrics``), or no evaluation left at all."""
+  from jaxdecouple.writers import read_metrics
+  path = os.path.join(folder, 'metrics.jsonl')
+  try:
+    st = os.stat(path)
+  except OSError:
+    return True, None
+  key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
+  if key not in _METRICS:
+    damaged: list = []
+    try:
+      evals = sum(r['kind'] == 'eval' for r in read_metrics(folder, damaged))
+    except OSError as e:
+      _METRICS[key] = False, f'is unreadable ({e.strerror or type(e).__name__}); counted as unfinished'
+      return _METRICS[key]
+    lines = ', '.join(str(n) for n, _ in damaged[:5]) + (f' and {len(damaged) - 5} more' if len(damaged) > 5 else '')
+    wrong = (f'line {lines} is damaged ({damaged[0][1]})' if len(damaged) == 1 else
+             f'lines {lines} are damaged (the first: {damaged[0][1]})') if damaged else ''
+    if not evals:
+      _METRICS[key] = False, f'{wrong + "; it " if wrong else ""}holds no evaluation; counted as unfinished'
+    else:
+      _METRICS[key] = True, (f'{wrong}; skipped' if wrong else None)
+  return _METRICS[key]
+
+
+def finished_record(workdir: str, run: Run) -> dict | None:
+  """The run's finished.json, or None: not finished, or its records damaged (finished.json unreadable, or a
+  metrics.jsonl without any evaluation left: counted as unfinished, with one warning line naming the run and
+  the file). Damaged lines of metrics.jsonl are skipped, with one warning line."""
+  record, wrong = read_record(workdir, run, 'finished.json', FINISHED_NEEDS)
+  if wrong:
+    warn_once(workdir, run, 'finished.json', f'{wrong}; counted as unfinished')
+  if record is None:
+    return None
+  usable, wrong = _metrics_verdict(run_dir(workdir, run))
+  if wrong:
+    warn_once(workdir, run, 'metrics.jsonl', wrong)
+  return record if usable else None
+
+
 def is_finished(workdir: str, run: Run) -> bool:
-  return os.path.exists(os.path.join(run_dir(workdir, run), 'finished.json'))
+  return finished_record(workdir, run) is not None
 
 
 def diverged(workdir: str, run: Run) -> dict | None:
-  """The record of a run that diverged (``diverged.json``: step and message), or None."""
-  path = os.path.join(run_dir(workdir, run), 'diverged.json')
-  if not os.path.exists(path):
-    return None
-  with open(path, encoding='utf-8') as f:
-    return json.load(f)
+  """The record of a run that diverged (``diverged.json``: step and message), or None (a damaged record
+  too, with one warning line)."""
+  record, wrong = read_record(workdir, run, 'diverged.json')
+  if wrong:
+    warn_once(workdir, run, 'diverged.json', f'{wrong}; not counted as diverged')
+  return record

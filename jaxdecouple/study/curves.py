@@ -96,7 +96,7 @@ def uncounted_resumes(folder: str) -> list[int]:
   clock (``checkpoint`` records came later): that epoch's training before the stop is missing from its
   ``epoch_time_s``. Read from the run's log.txt (the resumes) and metrics.jsonl (evaluations, clocks)."""
   try:
-    with open(os.path.join(folder, 'log.txt'), encoding='utf-8') as f:
+    with open(os.path.join(folder, 'log.txt'), encoding='utf-8', errors='replace') as f:
       resumes = [int(m) for m in re.findall(r'resumed from the checkpoint at step (\d+)', f.read())]
   except OSError:
     return []

@@ -6,19 +6,15 @@ these numbers, and the claims name rows whose baseline must exist (``row_baselin
 """
 from __future__ import annotations
 
-import json
-import os
 import statistics
 from typing import Sequence
 
-from jaxdecouple.study.core import Claim, Run, Study, is_finished, run_dir
+from jaxdecouple.study.core import Claim, Run, Study, finished_record
 
 
 def final_error(workdir: str, run: Run) -> float | None:
-  if not is_finished(workdir, run):
-    return None
-  with open(os.path.join(run_dir(workdir, run), 'finished.json'), encoding='utf-8') as f:
-    return 100.0 * (1.0 - json.load(f)['test_accuracy'])
+  record = finished_record(workdir, run)
+  return None if record is None else 100.0 * (1.0 - record['test_accuracy'])
 
 
 def error_cell(errors: Sequence[float]) -> str:

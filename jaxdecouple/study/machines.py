@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import os
 
-from jaxdecouple.study.core import Study, is_finished, run_dir
+from jaxdecouple.study.core import Study, damage, is_finished, run_dir, warn_once
 
 
+_KEYS = {'cpu', 'device', 'devices', 'platform', 'cpu_count', 'jax', 'python'}  # what the report's line names
 _ARCHITECTURES = {'x86_64', 'amd64', 'aarch64', 'arm64', 'i386', 'i686', ''}
 
 
@@ -55,11 +56,24 @@ def machine_lines(study: Study, workdir: str) -> list[str]:
   for run in study.runs:
     path = os.path.join(run_dir(workdir, run), 'machines.jsonl')
     if is_finished(workdir, run) and os.path.exists(path):
-      with open(path, encoding='utf-8') as f:
-        for line in f:
-          m = json.loads(line)
+      damaged = []
+      with open(path, encoding='utf-8', errors='replace') as f:
+        for number, line in enumerate(f, 1):
+          if not line.strip():
+            continue
+          try:
+            m = json.loads(line)
+            if not isinstance(m, dict) or not isinstance(m.get('date'), str) or not _KEYS <= set(m):
+              raise ValueError('not a machine record')
+          except ValueError as e:  # cut short by a killed process or a full disk
+            damaged.append((number, damage(e, one_line=True)))
+            continue
           dates.append(m.pop('date')[:10])
           machines.setdefault(json.dumps(m, sort_keys=True), set()).add((run.row, run.column))
+      if damaged:
+        warn_once(workdir, run, 'machines.jsonl', f'line{"s" * (len(damaged) > 1)} '
+                  f'{", ".join(str(n) for n, _ in damaged)} {"are" if len(damaged) > 1 else "is"} damaged '
+                  f'({damaged[0][1]}); skipped')
   kept = same_machines_once([json.loads(m) for m in sorted(machines)])
   cells = [set() for _ in kept]  # with several machines, which cells ran where: a record without the CPU's
   for k, c in machines.items():  # name counts as its named twin if it has one only

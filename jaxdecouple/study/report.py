@@ -7,11 +7,10 @@ the parts are computed elsewhere: the machines (``machines.py``), final errors, 
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 
-from jaxdecouple.study.core import READING, Study, diverged, is_finished, run_dir
+from jaxdecouple.study.core import READING, Study, diverged, finished_record, is_finished
 from jaxdecouple.study.curves import best_accuracy_table, levelling_table, time_to_target_table, train_error_table
 from jaxdecouple.study.figures import figure_lines
 from jaxdecouple.study.gaps import error_cell, final_error, gaps_and_checks, row_baseline
@@ -23,9 +22,8 @@ def other_accuracies_tables(study: Study, workdir: str) -> list[str]:
   (%) at the last epoch, median over the finished seeds, one table per measure."""
   finished = {}
   for r in study.runs:
-    if is_finished(workdir, r):
-      with open(os.path.join(run_dir(workdir, r), 'finished.json'), encoding='utf-8') as f:
-        finished[r] = json.load(f)
+    if (record := finished_record(workdir, r)) is not None:
+      finished[r] = record
   keys = sorted({k for record in finished.values() for k in record
                  if k.endswith('_accuracy') and k != 'test_accuracy'})
   if not keys:

@@ -12,7 +12,7 @@ import socket
 import time
 from typing import Callable
 
-from jaxdecouple.study.core import Study, diverged, is_finished, run_dir
+from jaxdecouple.study.core import FINISHED_NEEDS, Study, is_finished, read_record, run_dir, warn_once
 
 
 def _alive(pid) -> bool:
@@ -116,10 +116,19 @@ def whole_run_seconds(study: Study, workdir: str) -> list[float]:
   """The wall times of the study's finished runs that ran from start to end in one call."""
   seconds = []
   for run in study.runs:
-    if is_finished(workdir, run):
-      with open(os.path.join(run_dir(workdir, run), 'finished.json'), encoding='utf-8') as f:
-        seconds += [s] if (s := json.load(f).get('whole_run_seconds')) else []
+    record, _ = read_record(workdir, run, 'finished.json', FINISHED_NEEDS)  # a damaged one: said by run_study
+    if record is not None and isinstance(s := record.get('whole_run_seconds'), (int, float)) and s:
+      seconds.append(s)
   return seconds
+
+
+def _write_record(where: str, name: str, record: dict) -> None:
+  """A run's record (finished.json, diverged.json) written whole or not at all: a process killed while
+  writing it leaves no empty or cut record behind."""
+  path = os.path.join(where, name)
+  with open(f'{path}.{os.getpid()}.tmp', 'w', encoding='utf-8') as f:
+    json.dump(record, f)
+  os.replace(f'{path}.{os.getpid()}.tmp', path)
 
 
 def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0,
@@ -132,15 +141,27 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
   whole (recorded in their finished.json, on whatever machine ran them); with none yet, the first run
   starts. For machines that stop at a fixed time, where a run cut short loses its checkpoints.
   A finished run's checkpoints are deleted unless ``keep_checkpoints`` (the report needs only its
-  metrics; a pipeline method's checkpoint holds the in-flight activations: 200-430 MB for ResNet-20)."""
-  from jaxdecouple.errors import DivergenceError, WorkdirInUseError
+  metrics; a pipeline method's checkpoint holds the in-flight activations: 200-430 MB for ResNet-20).
+  A run that cannot go on (its config.json or all its checkpoints damaged: any JaxDecoupleError) or whose
+  finished.json or diverged.json is damaged is passed over with one line naming it; the study goes on."""
+  from jaxdecouple.errors import DivergenceError, JaxDecoupleError, WorkdirInUseError
   from jaxdecouple.train import train_and_evaluate
   start, ran = time.time(), 0
   for i, run in enumerate(study.runs):
-    if is_finished(workdir, run):
+    finished, wrong = read_record(workdir, run, 'finished.json', FINISHED_NEEDS)
+    if finished is not None:
       continue
-    if (record := diverged(workdir, run)) is not None:  # deterministic: running it again diverges again
-      log(f'[{i + 1}/{len(study.runs)}] {run.name} diverged at step {record["step"]}; passed over (remove its '
+    if wrong:  # its training ended (a finished run's checkpoints are gone): a rerun would start it afresh
+      warn_once(workdir, run, 'finished.json', f'{wrong}; passed over (remove that file to run it again)', log,
+                always=True)
+      continue
+    record, wrong = read_record(workdir, run, 'diverged.json')
+    if wrong:
+      warn_once(workdir, run, 'diverged.json', f'{wrong}; passed over (remove that file to run it again)', log,
+                always=True)
+      continue
+    if record is not None:  # deterministic: running it again diverges again
+      log(f'[{i + 1}/{len(study.runs)}] {run.name} diverged at step {record.get("step")}; passed over (remove its '
           'diverged.json to run it again)')
       continue
     if (max_runs and ran >= max_runs) or (time_limit_s and time.time() - start > time_limit_s):
@@ -157,7 +178,7 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
       log(f'[{i + 1}/{len(study.runs)}] {run.name}: being run by process {holder["pid"]}, passed over')
       continue
     try:
-      if is_finished(workdir, run):  # finished by another process since the check above
+      if os.path.exists(os.path.join(where, 'finished.json')):  # finished by another process since the check above
         continue
       with open(os.path.join(where, 'machines.jsonl'), 'a', encoding='utf-8') as f:
         f.write(json.dumps({'date': datetime.datetime.now().isoformat(timespec='seconds'), **machine()}) + '\n')
@@ -171,18 +192,20 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
         continue
       except DivergenceError as e:  # recorded, and the study goes on with its next run
         step = int(m.group(1)) if (m := re.search(r'at step (\d+)', str(e))) else None
-        with open(os.path.join(where, 'diverged.json'), 'w', encoding='utf-8') as f:
-          json.dump({'step': step, 'message': str(e)}, f)
+        _write_record(where, 'diverged.json', {'step': step, 'message': str(e)})
         log(f'{run.name} diverged: {e}')
         ran += 1
+        continue
+      except JaxDecoupleError as e:  # this run cannot go on (a damaged config.json, no checkpoint restores...)
+        log(f'[{i + 1}/{len(study.runs)}] {run.name} failed: {" ".join(str(e).split())}; passed over, the study '
+            'goes on with its next run')
         continue
       ran += 1
       if not result.finished:  # stopped by SIGTERM: leave it to the next call
         log(f'{run.name} stopped at step {result.step}; run the same command again to continue')
         break
-      with open(os.path.join(where, 'finished.json'), 'w', encoding='utf-8') as f:
-        json.dump({'step': result.step, **(result.last_eval or {}),
-                   **({'whole_run_seconds': round(time.time() - began, 1)} if whole else {})}, f)
+      _write_record(where, 'finished.json', {'step': result.step, **(result.last_eval or {}),
+                                             **({'whole_run_seconds': round(time.time() - began, 1)} if whole else {})})
       if not keep_checkpoints:
         shutil.rmtree(os.path.join(where, 'checkpoints'), ignore_errors=True)
     finally:
