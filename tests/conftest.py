@@ -50,6 +50,121 @@ def assert_trees_equal(a, b, atol=0.0, rtol=0.0):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=rtol)
 
 
+# Timeouts of the tests that start processes (2-process runs, main.py, the notebook) scale with the machine:
+# on a loaded machine (a 2-core host running other work took 47 min for a suite of 9) a fixed limit fails a
+# test for being slow, not for being wrong. The factor is measured once per session: the load average per core
+# the tests may use, and the seconds a fixed pure-Python loop takes against those it took on an unloaded Xeon
+# core (a slower CPU counts as load too); at least 1, at most 8, times JAXDECOUPLE_TEST_TIMEOUT_SCALE (default
+# 1) for a user to raise it further. A limit still reached fails (never skips) with timed_out()'s line.
+TIMEOUT_SCALE_ENV = 'JAXDECOUPLE_TEST_TIMEOUT_SCALE'
+PROBE_REFERENCE_S = 0.135  # _probe() on an idle core of the 2-core Intel Xeon host of docs/TESTING.md (2026-11-25)
+MAX_MEASURED_SCALE = 8.0
+
+
+def _probe() -> float:
+  """Wall seconds of a fixed pure-Python loop (one core; the median of three)."""
+  import statistics
+  import time
+  times = []
+  for _ in range(3):
+    start, x = time.perf_counter(), 0
+    for i in range(3_000_000):
+      x += i * i % 7
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def _cores() -> int:
+  return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
+
+
+def _load() -> float:
+  return os.getloadavg()[0] if hasattr(os, 'getloadavg') else 0.0
+
+
+def timeout_scale_from(load: float, cores: int, probe_s: float, user: str | None) -> float:
+  """The factor for timeouts: max(1, load per core, probe against its reference), at most 8, times the user's
+  JAXDECOUPLE_TEST_TIMEOUT_SCALE (a number >= 1; anything else is an error that says so)."""
+  measured = min(max(1.0, load / max(cores, 1), probe_s / PROBE_REFERENCE_S), MAX_MEASURED_SCALE)
+  try:
+    extra = float(user) if user not in (None, '') else 1.0
+  except ValueError:
+    extra = 0.0
+  if not extra >= 1.0:  # also NaN
+    raise ValueError(f'{TIMEOUT_SCALE_ENV}={user!r}: give a number of at least 1 (the factor timeouts are raised by)')
+  return measured * extra
+
+
+@functools.lru_cache(maxsize=None)
+def machine_load() -> dict:
+  """What the session's timeouts were scaled by (measured once): load average, cores, probe seconds, factor."""
+  load, cores, probe = _load(), _cores(), _probe()
+  return {'load': load, 'cores': cores, 'probe_s': probe,
+          'scale': timeout_scale_from(load, cores, probe, os.environ.get(TIMEOUT_SCALE_ENV))}
+
+
+def scaled_timeout(seconds: float) -> float:
+  """``seconds`` (a limit for an unloaded machine) scaled for this one: never less than ``seconds``."""
+  return seconds * machine_load()['scale']
+
+
+def timed_out_message(seconds: float, elapsed: float | None = None, what: str = '',
+                      measured: dict | None = None) -> str:
+  """The line a test fails with when a process outlives its scaled limit: the time, the factor and the load it
+  was measured from (and the load now), and the setting to rerun with."""
+  m = measured or machine_load()
+  limit = seconds * m['scale']
+  user = float(os.environ.get(TIMEOUT_SCALE_ENV) or 1)
+  return (f'timed out after {elapsed if elapsed is not None else limit:.0f} s{f" {what}" if what else ""} '
+          f'(a {seconds:g} s limit, timeout scaled x{m["scale"]:.2f} for a loaded machine: load {m["load"]:.2f} on '
+          f'{m["cores"]} cores, a CPU probe of {m["probe_s"]:.3f} s against {PROBE_REFERENCE_S} s unloaded; load now '
+          f'{_load():.2f}); the machine is loaded, rerun with {TIMEOUT_SCALE_ENV}={max(2.0, 2 * user):g}')
+
+
+def timed_out(seconds: float, elapsed: float | None = None, what: str = '', log: str = ''):
+  """Fails the test (not a skip) with timed_out_message(), and the processes' output when given."""
+  pytest.fail(timed_out_message(seconds, elapsed, what) + (f'\n{log}' if log else ''), pytrace=False)
+
+
+def communicate_within(proc, seconds: float, what: str = ''):
+  """``proc.communicate()`` within the scaled limit; past it the process is killed and the test fails with
+  timed_out()'s line and the output so far."""
+  import subprocess
+  import time
+  start = time.monotonic()
+  try:
+    return proc.communicate(timeout=scaled_timeout(seconds))
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    out = proc.communicate()[0]
+    timed_out(seconds, time.monotonic() - start, what, (out or '')[-3000:] if isinstance(out, str) else '')
+
+
+def wait_within(proc, seconds: float, what: str = '') -> int:
+  """``proc.wait()`` within the scaled limit, else timed_out() (the process killed)."""
+  import subprocess
+  import time
+  start = time.monotonic()
+  try:
+    return proc.wait(timeout=scaled_timeout(seconds))
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    proc.wait()
+    timed_out(seconds, time.monotonic() - start, what)
+
+
+def run_within(args, seconds: float, what: str = '', **kwargs):
+  """``subprocess.run(args, timeout=...)`` within the scaled limit, else timed_out() (subprocess.run kills it)."""
+  import subprocess
+  import time
+  start = time.monotonic()
+  try:
+    return subprocess.run(args, timeout=scaled_timeout(seconds), **kwargs)
+  except subprocess.TimeoutExpired as e:
+    out = e.stdout.decode(errors='replace') if isinstance(e.stdout, bytes) else (e.stdout or '')
+    timed_out(seconds, time.monotonic() - start, what or f'running {" ".join(map(str, args))[:200]}', out[-3000:])
+
+
 @pytest.fixture
 def workdir(tmp_path):
   return str(tmp_path / 'run')

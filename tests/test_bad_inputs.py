@@ -9,14 +9,16 @@ checkpoints); each test reports every case that misbehaved, not only the first.
 import json
 import os
 import shutil
-import subprocess
 import sys
 import zipfile
 
 import numpy as np
 import pytest
 
+from conftest import run_within, scaled_timeout, timed_out_message
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CASE_TIMEOUT_S = 120  # a case that runs longer hangs (on an unloaded machine; scaled for this one)
 # A config that would train in seconds on synthetic data, were nothing wrong.
 Q = ['--config=configs/quickstart.py', '--config.data.source=synthetic', '--config.batch_size=32',
      '--config.max_steps=2', '--config.cpu_devices=0']
@@ -28,12 +30,12 @@ def run_cases(tmp_path, cases):
   for case_id, argv, *_ in cases:
     if not any(a.startswith('--workdir') for a in argv) and any(a.startswith('--config=') for a in argv):
       argv = [*argv, f'--workdir={tmp_path / "w" / case_id}']
-    table.append({'id': case_id, 'argv': argv, 'timeout': 120})
+    table.append({'id': case_id, 'argv': argv, 'timeout': scaled_timeout(CASE_TIMEOUT_S)})
   with open(tmp_path / 'cases.json', 'w', encoding='utf-8') as f:
     json.dump(table, f)
   env = {**os.environ, 'JAX_NUM_CPU_DEVICES': '2', 'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}
-  subprocess.run([sys.executable, os.path.join(ROOT, 'tests', 'bad_input_driver.py'), str(tmp_path / 'cases.json'),
-                  str(tmp_path / 'results.json')], check=True, env=env, timeout=900)
+  run_within([sys.executable, os.path.join(ROOT, 'tests', 'bad_input_driver.py'), str(tmp_path / 'cases.json'),
+              str(tmp_path / 'results.json')], 900, f'running {len(cases)} bad-input cases', check=True, env=env)
   with open(tmp_path / 'results.json', encoding='utf-8') as f:
     return json.load(f)
 
@@ -60,7 +62,8 @@ def check(tmp_path, cases, untouched=None):
     workdir = tmp_path / 'w' / case_id
     why = []
     if r['rc'] != 2:
-      why.append(f'exit status {r["rc"]} (None: killed after hanging)')
+      why.append(f'exit status {r["rc"]}' if r['rc'] is not None else
+                 f'killed: a hang, or {timed_out_message(CASE_TIMEOUT_S, r["seconds"])}')
     if len(errors) != 1:
       why.append(f'{len(errors)} error lines')
     elif expected not in errors[0]:
@@ -262,9 +265,9 @@ def trained(tmp_path_factory):
   """A workdir with checkpoints at steps 2 and 4 (FDG, K = 2, synthetic data)."""
   workdir = tmp_path_factory.mktemp('trained') / 'run'
   env = {**os.environ, 'JAX_NUM_CPU_DEVICES': '2', 'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}
-  subprocess.run([sys.executable, 'main.py', *Q[:-2], '--config.max_steps=4', '--config.checkpoint_every_steps=2',
-                  '--config.log_every_steps=2', f'--workdir={workdir}'], cwd=ROOT, env=env, check=True,
-                 capture_output=True, timeout=300)
+  run_within([sys.executable, 'main.py', *Q[:-2], '--config.max_steps=4', '--config.checkpoint_every_steps=2',
+              '--config.log_every_steps=2', f'--workdir={workdir}'], 300, 'training the workdir to resume', cwd=ROOT,
+             env=env, check=True, capture_output=True)
   return workdir
 
 

@@ -2,12 +2,11 @@
 import glob
 import importlib.util
 import os
-import subprocess
 import sys
 
 import pytest
 
-from conftest import tiny_config
+from conftest import run_within, tiny_config
 from jaxdecouple.methods import validate
 from jaxdecouple.errors import ConfigError
 
@@ -64,8 +63,8 @@ def test_every_config_file_is_valid_and_documents_its_command(path):
 
 
 def run_main(*args):
-  return subprocess.run([sys.executable, 'main.py', *args], cwd=ROOT, capture_output=True, text=True,
-                        timeout=120, env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  return run_within([sys.executable, 'main.py', *args], 120, cwd=ROOT, capture_output=True, text=True,
+                    env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
 
 
 def test_cli_bad_value_stops_before_compute_with_one_line(tmp_path):

@@ -10,6 +10,8 @@ import numpy as np
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from conftest import communicate_within  # noqa: E402
 
 
 def free_port() -> int:
@@ -38,7 +40,11 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path, resist_run)
   procs = [subprocess.Popen([sys.executable, os.path.join(HERE, 'multiprocess_worker.py'), str(i), str(port),
                              workdir, str(tmp_path / f'p{i}.npz')], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True) for i in range(2)]
-  logs = [p.communicate(timeout=300)[0] for p in procs]
+  try:
+    logs = [communicate_within(p, 300, f'waiting for process {i} to end')[0] for i, p in enumerate(procs)]
+  finally:
+    for p in procs:
+      p.kill()
   assert [p.returncode for p in procs] == [0, 0], '\n'.join(log[-3000:] for log in logs)
   single = resist_run  # replica_run_config() on the 4 devices of this process
   want = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(single.variables)[0]}

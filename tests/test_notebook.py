@@ -4,6 +4,9 @@ import os
 
 import nbformat
 from nbclient import NotebookClient
+from nbclient.exceptions import CellTimeoutError
+
+from conftest import scaled_timeout, timed_out
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, 'notebooks', 'quickstart.ipynb')
@@ -25,8 +28,11 @@ def test_notebook_executes_top_to_bottom(tmp_path, monkeypatch):
   work.mkdir()
   os.symlink(os.path.join(ROOT, 'configs'), tmp_path / 'configs')
   os.symlink(os.path.join(ROOT, 'jaxdecouple'), tmp_path / 'jaxdecouple')
-  NotebookClient(nb, timeout=300, kernel_name='python3',
-                 resources={'metadata': {'path': str(work)}}).execute()  # raises if any cell fails
+  try:
+    NotebookClient(nb, timeout=round(scaled_timeout(300)), kernel_name='python3',
+                   resources={'metadata': {'path': str(work)}}).execute()  # raises if any cell fails
+  except CellTimeoutError:
+    timed_out(300, what='in a cell of the notebook')
   outputs = {c['id']: ''.join(o.get('text', '') for o in c['outputs']) for c in nb['cells']
              if c['cell_type'] == 'code'}
   text = '\n'.join(outputs.values())

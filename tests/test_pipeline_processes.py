@@ -23,6 +23,7 @@ ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': '', 'JAX_PERSISTENT_CA
        'JAX_COMPILATION_CACHE_DIR': tempfile.mkdtemp(prefix='jaxdecouple-pipeline-processes-'),
        'PJRT_NPROC': str(max(2, len(os.sched_getaffinity(0))))}
 sys.path.insert(0, HERE)
+from conftest import communicate_within, run_within, scaled_timeout, timed_out, wait_within  # noqa: E402
 from test_multiprocess import free_port  # noqa: E402
 
 
@@ -34,8 +35,9 @@ def start(tmp_path, devices: int, runs: list[str], tag: str = 'p', port: int | N
 
 
 def finish(procs, timeout=300):
+  """Waits for both processes (``timeout``: seconds on an unloaded machine, scaled for this one)."""
   try:
-    logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    logs = [communicate_within(p, timeout, f'waiting for process {i} to end')[0] for i, p in enumerate(procs)]
   finally:
     for p in procs:  # JAX's preemption service takes SIGTERM: only SIGKILL stops a stuck worker
       p.kill()
@@ -46,9 +48,14 @@ def sigterm_process_1_once(procs, pattern: str, at_least: int, run: str, tmp_pat
   """Waits until process 1 has written a checkpoint file matching ``pattern`` (its name starting with the
   step) for a step of at least ``at_least``, sends SIGTERM to process 1 alone, and returns the step both
   processes stopped at (checked to be one step, before the end)."""
-  deadline = time.time() + 300
+  start = time.time()
+  deadline = start + scaled_timeout(300)
   while not [f for f in glob.glob(pattern) if int(os.path.basename(f).split('.')[0]) >= at_least]:
-    assert time.time() < deadline and procs[1].poll() is None, finish(procs)[1]
+    if time.time() >= deadline:
+      for p in procs:
+        p.kill()
+      timed_out(300, time.time() - start, f'waiting for a checkpoint of step {at_least} or later', finish(procs)[1])
+    assert procs[1].poll() is None, finish(procs)[1]
     time.sleep(0.05)
   procs[1].send_signal(signal.SIGTERM)  # one process only
   codes, logs = finish(procs)
@@ -62,9 +69,9 @@ def one_process(tmp_path, devices: int, runs: list[str]):
   """The same runs alone in one process with ``devices`` CPU devices (files ref_NAME.npz). A process,
   not this one: XLA:CPU's numbers depend on how many devices a process splits the cores into (this
   one has 4), not on which of them a stage runs on."""
-  proc = subprocess.run([sys.executable, os.path.join(HERE, 'pipeline_process_worker.py'), '-1', '0', str(devices),
-                         str(tmp_path / 'single'), str(tmp_path / 'ref'), *runs], env=ENV, capture_output=True,
-                        text=True, timeout=300)
+  proc = run_within([sys.executable, os.path.join(HERE, 'pipeline_process_worker.py'), '-1', '0', str(devices),
+                     str(tmp_path / 'single'), str(tmp_path / 'ref'), *runs], 300, 'in the one-process reference',
+                    env=ENV, capture_output=True, text=True)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -118,7 +125,7 @@ def test_a_killed_process_and_a_sigterm_resume_exactly(tmp_path):
   and a restart finishes. The end equals an uninterrupted run in one process."""
   steps, ckpt = 40, tmp_path / 'w' / 'r' / 'checkpoints'
   procs = start(tmp_path, 1, [f'r:fdg:2:{steps}:ckpt=2:die=1@4'])
-  assert procs[1].wait(timeout=300) == -signal.SIGKILL
+  assert wait_within(procs[1], 300, 'waiting for process 1 to die at step 4') == -signal.SIGKILL
   procs[0].kill()  # left waiting for its dead neighbour's messages
   procs[0].communicate()
   assert '4.npz' in os.listdir(ckpt / 'process_1')
@@ -192,7 +199,11 @@ def test_processes_with_different_configs_stop_at_start_up_with_one_line(tmp_pat
                                f'--workdir={tmp_path / field / str(i)}', *([f'--config.{field}={value}'] if i else [])],
                               cwd=root, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
-    outs = [p.communicate(timeout=120) for p in procs]
+    try:
+      outs = [communicate_within(p, 120, f'waiting for process {i} to stop') for i, p in enumerate(procs)]
+    finally:
+      for p in procs:
+        p.kill()
     took = time.monotonic() - began
     for p, (_, err) in zip(procs, outs):
       errors = [line for line in err.splitlines() if line.startswith('error:')]
