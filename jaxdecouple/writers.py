@@ -105,11 +105,10 @@ class MetricWriter:
       self._tb[2]()
 
 
-def read_metrics(workdir: str, damaged: list | None = None) -> list[dict]:
-  """All records of a run's metrics.jsonl (a resumed run appends to the same file). A damaged line (cut short
-  by a killed process or a full disk, or not a record) is skipped; given a list as ``damaged``, each such line
-  is added to it as (line number, what is wrong)."""
-  path = os.path.join(workdir, 'metrics.jsonl')
+def read_jsonl(path: str, is_record, damaged: list | None = None) -> list[dict]:
+  """The records of a JSON-lines file for which ``is_record(record)`` holds. A damaged line (cut short by a
+  killed process or a full disk, or not such a record) is skipped; given a list as ``damaged``, each such
+  line is added to it as (line number, what is wrong)."""
   records = []
   with open(path, encoding='utf-8', errors='replace') as f:
     for number, line in enumerate(f, 1):
@@ -121,13 +120,20 @@ def read_metrics(workdir: str, damaged: list | None = None) -> list[dict]:
         wrong = (f'{e.msg}{"" if e.msg.endswith(" at") else " at"} column {e.colno}'
                  if isinstance(e, json.JSONDecodeError) else str(e))
       else:
-        if isinstance(record, dict) and isinstance(record.get('kind'), str) and isinstance(record.get('step'), int):
+        if isinstance(record, dict) and is_record(record):
           records.append(record)
           continue
-        wrong = 'not a record with a kind and a step'
+        wrong = 'not a record of this file'
       if damaged is not None:
         damaged.append((number, wrong))
   return records
+
+
+def read_metrics(workdir: str, damaged: list | None = None) -> list[dict]:
+  """All records of a run's metrics.jsonl (a resumed run appends to the same file), damaged lines skipped
+  (``read_jsonl``)."""
+  return read_jsonl(os.path.join(workdir, 'metrics.jsonl'),
+                    lambda r: isinstance(r.get('kind'), str) and isinstance(r.get('step'), int), damaged)
 
 
 def format_duration(seconds: float) -> str:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import os
 
-from jaxdecouple.study.core import Study, damage, is_finished, run_dir, warn_once
+from jaxdecouple.study.core import Study, is_finished, run_dir, warn_once
+from jaxdecouple.writers import read_jsonl
 
 
 _KEYS = {'cpu', 'device', 'devices', 'platform', 'cpu_count', 'jax', 'python'}  # what the report's line names
@@ -57,19 +58,9 @@ def machine_lines(study: Study, workdir: str) -> list[str]:
     path = os.path.join(run_dir(workdir, run), 'machines.jsonl')
     if is_finished(workdir, run) and os.path.exists(path):
       damaged = []
-      with open(path, encoding='utf-8', errors='replace') as f:
-        for number, line in enumerate(f, 1):
-          if not line.strip():
-            continue
-          try:
-            m = json.loads(line)
-            if not isinstance(m, dict) or not isinstance(m.get('date'), str) or not _KEYS <= set(m):
-              raise ValueError('not a machine record')
-          except ValueError as e:  # cut short by a killed process or a full disk
-            damaged.append((number, damage(e, one_line=True)))
-            continue
-          dates.append(m.pop('date')[:10])
-          machines.setdefault(json.dumps(m, sort_keys=True), set()).add((run.row, run.column))
+      for m in read_jsonl(path, lambda m: isinstance(m.get('date'), str) and _KEYS <= set(m), damaged):
+        dates.append(m.pop('date')[:10])
+        machines.setdefault(json.dumps(m, sort_keys=True), set()).add((run.row, run.column))
       if damaged:
         warn_once(workdir, run, 'machines.jsonl', f'line{"s" * (len(damaged) > 1)} '
                   f'{", ".join(str(n) for n, _ in damaged)} {"are" if len(damaged) > 1 else "is"} damaged '
