@@ -21,6 +21,10 @@ class DivergenceError(JaxDecoupleError):
   """The loss or the parameters stopped being finite: the run stops, its last finite checkpoint kept."""
 
 
+class ProcessError(JaxDecoupleError):
+  """Another process of a multi-process run did not answer in time (it died or hangs)."""
+
+
 class WorkdirError(JaxDecoupleError):
   """The work directory cannot be used: not a writable folder, or in use by another run."""
 

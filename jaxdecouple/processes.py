@@ -13,7 +13,7 @@ import socket
 import jax
 from absl import logging
 
-from jaxdecouple.errors import ConfigError
+from jaxdecouple.errors import ConfigError, ProcessError
 
 # Fields each process may set its own way: who it is, where it listens, where its host keeps the data.
 PER_PROCESS = ('distributed.process_id', 'distributed.transfer_address', 'data.path', 'data.idx_dir',
@@ -98,6 +98,40 @@ def agree_on_config(config, timeout_s: float) -> None:
             f'config.{field}: process {me} has {json.dumps(mine.get(field))}, process {p} has '
             f'{json.dumps(theirs.get(field))}; every process needs the same config (only '
             f'{", ".join(PER_PROCESS)} may differ)')
+
+
+_VERDICTS = [0]  # verdicts this process has taken part in: every process asks at the same steps
+
+
+def agree_on_failure(what: str | None, timeout_s: float = 120.0) -> str | None:
+  """Every process's verdict at this point (None: fine; else why it must stop), shared through the
+  coordinator's key-value store: the first process's reason, or None when every process is fine. Every
+  process calls it at the same steps (the loop's log and checkpoint steps), so a failure that only one of
+  them can see (a pipeline's loss lives on the process that writes the metrics; a stage's parameters on
+  the process that holds it) stops all of them with the same line, never one with the others left
+  waiting for it. One process: ``what`` itself."""
+  if jax.process_count() == 1:
+    return what
+  from jax._src import distributed
+  client, me = distributed.global_state.client, jax.process_index()
+  key = f'jaxdecouple/verdict/{_VERDICTS[0]}'
+  _VERDICTS[0] += 1
+  client.key_value_set(f'{key}/{me}', json.dumps(what))
+  verdicts = []
+  for p in range(jax.process_count()):
+    try:
+      verdicts.append(json.loads(client.blocking_key_value_get(f'{key}/{p}', int(timeout_s * 1000))))
+    except Exception as e:  # noqa: BLE001  the coordination service's own error: a deadline, a lost peer
+      raise ProcessError(f'process {p} did not answer within {timeout_s:g} s ({type(e).__name__}): it died or '
+                         'hangs; restart every process with the same --workdir to resume from the last '
+                         'checkpoint all of them hold') from None
+  found = next((v for v in verdicts if v), None)
+  if found:  # every process stops here: they leave the coordination service together (see agree_on_config)
+    try:
+      jax.distributed.shutdown()
+    except Exception:  # noqa: BLE001  the stop's own line says what matters
+      pass
+  return found
 
 
 class StopSignal:

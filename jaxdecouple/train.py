@@ -29,7 +29,7 @@ from jaxdecouple.memory import peak_memory
 from jaxdecouple.methods import METHODS, Method, Setup, validate
 from jaxdecouple.models import build_model, count_params
 from jaxdecouple.optim import make_optimizer, make_schedule
-from jaxdecouple.processes import StopSignal, agree_on_config, start_processes
+from jaxdecouple.processes import StopSignal, agree_on_config, agree_on_failure, start_processes
 from jaxdecouple.workdir import open_workdir, write_config
 from jaxdecouple.writers import MetricWriter, format_duration
 
@@ -227,12 +227,14 @@ class Loop:
     elapsed, steps = self.clock.take_interval()
     self.pending = []
     rate = steps * self.config.batch_size / elapsed if elapsed > 0 else 0.0
-    if not values:
-      return
     keys = dict.fromkeys(k for v in values for k in v)  # some only on some steps (a replica round's bytes)
     means = {k: float(np.mean([v[k] for v in values if k in v])) for k in keys}
-    if not np.isfinite(means.get('train_loss', 0.0)):  # read here anyway: the hot loop never waits for it
-      self.diverged(step, f"the training loss is {means['train_loss']}")
+    loss = means.get('train_loss', 0.0)  # read here anyway: the hot loop never waits for it
+    failure = agree_on_failure(None if np.isfinite(loss) else f'the training loss is {loss}')
+    if failure:  # every process stops at this step (a pipeline's loss is on the metrics' process only)
+      self.diverged(step, failure)
+    if not values:
+      return
     eta = (self.total_steps - step) * elapsed / max(steps, 1)
     if self.dataset.streamed and self.dataset.x_train.skipped:
       means['skipped_images'] = self.dataset.x_train.skipped  # damaged images replaced so far (this process)
@@ -262,8 +264,10 @@ class Loop:
 
   def save(self, state, done: int) -> None:
     """A checkpoint (never of a non-finite state); mid-epoch, with the epoch's clock so far."""
-    if not _finite(state):
-      self.diverged(done, 'the parameters are not finite')
+    failure = agree_on_failure(None if _finite(state) else f'the parameters are not finite (process '
+                               f'{jax.process_index()})' if jax.process_count() > 1 else 'the parameters are not finite')
+    if failure:  # (each process checks the parameters it holds; all stop if one of them is not finite)
+      self.diverged(done, failure)
     self.checkpointer.save(done, state)
     if done % (self.config.eval_every_epochs * self.spe):  # a run resumed from here goes on with this clock
       seconds, steps = self.clock.epoch()

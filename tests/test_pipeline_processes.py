@@ -211,3 +211,26 @@ def test_processes_with_different_configs_stop_at_start_up_with_one_line(tmp_pat
       assert errors[0].startswith(f'error: config.{field}: process ') and shown in errors[0], errors
     assert took < 60, took
     assert not any(os.path.exists(tmp_path / field / str(i) / 'checkpoints') for i in range(2))
+
+
+def test_divergence_over_processes_stops_every_process_with_one_line(tmp_path):
+  """FDG K = 2 over 2 processes at a learning rate of 1e6, no checkpoint before the divergence: the loss lives
+  on process 0 alone, yet both processes stop at the same step with the one line, exit 2, no traceback and
+  no abort (before: process 0 stopped, process 1 went on into a transfer from it and aborted, -6)."""
+  port = free_port()
+  common = ['--config=configs/quickstart.py', '--config.method=fdg', '--config.dataset=cifar10',
+            '--config.data.source=synthetic', '--config.model=resnet8', '--config.max_steps=20',
+            '--config.cpu_devices=1', '--config.optim.learning_rate=1e6', '--config.log_every_steps=2',
+            '--config.checkpoint_every_steps=100', f'--config.distributed.coordinator=127.0.0.1:{port}',
+            '--config.distributed.num_processes=2']
+  procs = [subprocess.Popen([sys.executable, 'main.py', *common, f'--config.distributed.process_id={i}',
+                             f'--workdir={tmp_path / str(i)}'], cwd=os.path.dirname(HERE), env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  outs = [p.communicate(timeout=scaled_timeout(300)) for p in procs]
+  steps = set()
+  for p, (_, err) in zip(procs, outs):
+    errors = [line for line in err.splitlines() if line.startswith('error:')]
+    assert p.returncode == 2 and len(errors) == 1 and 'training diverged' in errors[0], (p.returncode, err[-3000:])
+    assert 'Traceback' not in err, err[-3000:]
+    steps.add(int(errors[0].split(' at step ')[1].split(':')[0]))
+  assert len(steps) == 1, steps  # the same step in both
