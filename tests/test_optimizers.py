@@ -104,3 +104,39 @@ def test_muon_orthogonalises_every_kernel_and_stacked_ones_slot_by_slot():
 def test_bad_optimizer_settings_name_the_field(field, value):
   with pytest.raises(ConfigError, match=field.replace('.', r'\.')):
     validate(tiny_config(**{field: value}))
+
+
+def test_muon_really_moves_the_kernels_of_replica_workers(workdir):
+  """Muon keeps constants in its state (its Newton-Schulz coefficients): a replica worker's state must be the
+  optimizer's own initial state, also after a round's restart, or every kernel update is zero. Local SGD with
+  Muon, two rounds: a kernel moves by far more than weight decay alone would move it."""
+  from jaxdecouple.methods import METHODS
+  from jaxdecouple.train import build_setup
+  from jaxdecouple.data import TrainOrder, load_dataset
+  config = tiny_config(method='localsgd', max_steps=4, **{'model': 'preact_tiny', 'replica.num_workers': 2,
+                                                          'replica.local_steps': 2, 'optim.name': 'muon',
+                                                          'optim.learning_rate': 0.02, 'optim.weight_decay': 0.0})
+  ds = load_dataset(config.data, config.dataset)
+  method = METHODS['localsgd'](build_setup(config, ds))
+  order = TrainOrder(len(ds.x_train), config.batch_size, config.seed)
+  state = method.init(jax.random.key(0), method.train_batch(ds.x_train, ds.y_train, order, 0))
+  before = np.asarray(jax.device_get(state.params['s2b0']['Conv_0']['kernel']))
+  for t in range(4):  # two rounds: the second starts from the restarted state
+    state, _ = method.step(state, method.train_batch(ds.x_train, ds.y_train, order, t), t)
+    if t == 1:
+      after_round = np.asarray(jax.device_get(state.params['s2b0']['Conv_0']['kernel']))
+  after = np.asarray(jax.device_get(state.params['s2b0']['Conv_0']['kernel']))
+  assert np.abs(after_round - before).max() > 1e-3  # no weight decay: only Muon's step moves it
+  assert np.abs(after - after_round).max() > 1e-3  # and again after the restart
+
+
+@pytest.mark.parametrize('overrides,field', [
+    ({'method': 'resist', 'model': 'preact_tiny', 'replica.num_workers': 2, 'optim.name': 'lamb'}, 'optim.name'),
+    ({'scan_blocks': 2, 'optim.name': 'lars'}, 'optim.name'),
+    ({'method': 'fdg', 'optim.name': 'adamw', 'pipeline.corrector': 'nesterov'}, 'pipeline.corrector'),
+    ({'method': 'resist', 'model': 'preact_tiny', 'replica.num_workers': 2, 'replica.local_steps': 2, 'max_steps': 8,
+      'replica.warmup_steps': 2, 'replica.momentum': 'average', 'optim.name': 'muon'}, 'replica.momentum'),
+])
+def test_what_an_optimizer_cannot_do_right_is_refused(overrides, field):
+  with pytest.raises(ConfigError, match=field.replace('.', r'\.')):
+    validate(tiny_config(**overrides))

@@ -35,9 +35,9 @@ class Traffic(NamedTuple):
 class Averaging:
   """The compiled end-of-round programs of one engine, over its 'worker' mesh."""
 
-  def __init__(self, layout: Layout, mesh: Mesh, per_device: int, momentum: str = 'restart',
+  def __init__(self, layout: Layout, mesh: Mesh, per_device: int, optimizer_init=None, momentum: str = 'restart',
                quantize_bits: int = 0, sparsify: float = 0.0, stats_every: int = 1):
-    self.layout, self.mesh, self.per_device = layout, mesh, per_device
+    self.layout, self.mesh, self.per_device, self.optimizer_init = layout, mesh, per_device, optimizer_init
     self.devices = list(mesh.devices.flat)
     self.num_workers = layout.num_workers
     self.momentum, self.quantize_bits, self.sparsify, self.stats_every = momentum, quantize_bits, sparsify, stats_every
@@ -123,7 +123,7 @@ class Averaging:
         lambda path, x: x if in_slots(path) else jnp.broadcast_to(self.mean(x), x.shape), tree)
     params = self._shared_compressed(params) if self.compresses else shared(params)
     stats = jax.tree.map(lambda avg, x: jnp.where(sync_stats, avg, x), shared(stats), stats)
-    opt_state = shared(opt_state) if self.momentum == 'average' else jax.tree.map(jnp.zeros_like, opt_state)
+    opt_state = shared(opt_state) if self.momentum == 'average' else opt_state
     if self.layout.index:
       moved = self.moving(params, stats, opt_state)
       for g, group_rows in zip(self.layout.groups, rows):
@@ -131,6 +131,8 @@ class Averaging:
       params, stats = moved[0], moved[1]
       if self.momentum == 'average':
         opt_state = moved[2]
+    if self.momentum != 'average':  # restarted: as the optimizer initialises it (zeros for SGD's momentum)
+      opt_state = jax.vmap(self.optimizer_init)(params)
     return params, stats, opt_state
 
   @functools.cached_property

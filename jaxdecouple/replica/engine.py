@@ -70,10 +70,11 @@ class Replica:
     self.devices = list(self.mesh.devices.flat)
     self.per_device = spec.num_workers // d
     self.sharded = NamedSharding(self.mesh, P(AXIS))
-    self.averaging = Averaging(self.layout, self.mesh, self.per_device, spec.momentum, spec.quantize_bits,
-                               spec.sparsify, spec.stats_every)
+    self.averaging = Averaging(self.layout, self.mesh, self.per_device, optimizer.init if optimizer else None,
+                               spec.momentum, spec.quantize_bits, spec.sparsify, spec.stats_every)
     self.orders: list[TrainOrder] = []
     self.last_traffic: Traffic | None = None
+    self.announce = True  # log the first round's measured bytes (off for a warm-up's engine)
 
   # --- state ----------------------------------------------------------------------------------------
   def put_workers(self, tree):
@@ -88,8 +89,9 @@ class Replica:
     partition; ``opt_state``: the optimizer state of that network, or None for a fresh one."""
     member = self.layout.membership(round_index)
     p = self.layout.to_workers(params, member)
-    # one optimizer state per worker (a step count too, for the optimizers that keep one)
-    fresh = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(jax.vmap(self.optimizer.init), p))
+    # one optimizer state per worker (a step count too, for the optimizers that keep one), as the optimizer
+    # initialises it: not always zeros (Muon keeps its Newton-Schulz coefficients in its state)
+    fresh = jax.device_get(jax.vmap(self.optimizer.init)(p))
     o = fresh if opt_state is None else self.layout.per_parameter_to_workers(
         opt_state, jax.tree.structure(params), member)
     return ReplicaState(self.put_workers(p), self.put_workers(self.layout.to_workers(batch_stats, member)),
@@ -192,7 +194,7 @@ class Replica:
     images, labels = self.put_workers((batch.images, batch.labels))
     state, metrics = self.local_step(state, images, labels, np.int32(t))
     if self.spec.average and (t + 1) % self.spec.local_steps == 0:
-      first = self.last_traffic is None
+      first = self.last_traffic is None and self.announce
       state = self.aggregate(state, t // self.spec.local_steps)
       traffic = self.last_traffic
       metrics = {**metrics, 'sent_mb': float(np.mean(traffic.sent)) / 1e6,
