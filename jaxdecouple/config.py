@@ -227,6 +227,9 @@ def validate(config) -> None:
                 'optim.warmup_epochs', 'data.crop_padding', 'data.workers'):
     _positive(config, field, allow_zero=True)
   optim.validate(config.optim)
+  if config.scan_blocks and config.optim.name in ('lamb', 'lars'):
+    fail('optim.name', f'{config.optim.name} scales each parameter array by its own trust ratio, and scan_blocks '
+         'stacks a run of blocks into one array: leave scan_blocks at 0 with it')
   if not 0 < config.optim.decay_factor <= 1:
     fail('optim.decay_factor', f'must be in (0, 1], got {config.optim.decay_factor!r}')
   if config.optim.warmup != 'none' and config.optim.warmup_epochs <= 0:

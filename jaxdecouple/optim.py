@@ -6,8 +6,9 @@ of an optimizer's own step count: pipeline stages start updating at different it
 all use the learning rate of the current iteration. So every optimizer is the optax chain of its
 direction (built with learning rate 1) followed by ``scale_by_step_learning_rate``, which multiplies by
 minus the step's rate given as an optax extra argument; optax applies the whole update
-(``optax.apply_updates``). For every optimizer here the rate enters last and linearly, so this is the
-optax alias with that rate (AdamW's decoupled weight decay included).
+(``optax.apply_updates``). For SGD, AdamW, LAMB and Muon the rate enters optax's alias last and linearly, so
+this is the alias with that rate (AdamW's decoupled weight decay included); optax's LARS applies the rate
+before its momentum, this one after (PyTorch's convention): the same while the rate is constant.
 """
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ class PipelineMethod(Method):
       fail('pipeline.num_stages', f'must be at least 1, got {p.num_stages}')
     if not 0 < p.beta <= 1:
       fail('pipeline.beta', f'must be in (0, 1], got {p.beta}')
-    if cls.keep and p.keep != 'vjp':  # the default: a method that fixes what it keeps takes no other
+    if cls.keep and p.keep not in ('vjp', cls.keep):  # a method that fixes what it keeps takes no other
       fail('pipeline.keep', f'{cls.name} always keeps {cls.keep!r}; leave pipeline.keep at its default (vjp)')
     if not cls.keep and p.keep not in ('vjp', 'recompute'):
       hint = " ('replay' is features replay: method 'fr')" if p.keep == 'replay' else ''
@@ -57,6 +57,10 @@ class PipelineMethod(Method):
       fail('pipeline.dc_lambda', f'must be non-negative, got {p.dc_lambda}')
     if not p.lr_anneal_epochs > 0:
       fail('pipeline.lr_anneal_epochs', f'must be positive, got {p.lr_anneal_epochs}')
+    if p.corrector == 'nesterov' and config.optim.name != 'sgd':
+      fail('pipeline.corrector', f"'nesterov' is AsyncPP's update rule and replaces the optimizer on the delayed "
+           f"stages; with optim.name={config.optim.name!r} use another corrector, or NAdamW itself "
+           "(optim.name=adamw, optim.nesterov=true, optim.b1=0.99: what AsyncPP's code runs)")
     if not 0 <= p.nesterov_gamma < 1:
       fail('pipeline.nesterov_gamma', f'must be in [0, 1), got {p.nesterov_gamma}')
     blocks = len(build_model(config.model, 10).block_names)

@@ -57,6 +57,13 @@ def validate(config, name: str, partition: bool, average: bool) -> None:
   if r.partition == 'every_section' and r.min_depth:
     fail('replica.min_depth', "the naive partition (replica.partition='every_section') deals every section out "
          'on its own, as the paper\'s A.1 does, without a minimum depth; leave replica.min_depth at 0')
+  o = config.optim
+  if partition and o.name in ('lamb', 'lars'):
+    fail('optim.name', f'{o.name} scales each parameter array by its own trust ratio, and a {name} worker stacks its '
+         'blocks in slots (one array for several blocks): use sgd, adamw or muon')
+  if partition and average and r.warmup_steps and r.momentum == 'average' and o.name == 'muon':
+    fail('replica.momentum', "muon's state cannot be carried from the local SGD warm-up into ResIST's slots; "
+         "use replica.momentum='restart' (the paper's) with muon")
   if partition:
     try:
       blocks = len(partitioned_groups(build_model(config.model, 10))[0])
