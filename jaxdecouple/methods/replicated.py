@@ -44,6 +44,8 @@ class ReplicaMethod(Method):
     self.warmup = r.warmup_steps if self.partition and self.average else 0
     # the warm-up: local SGD on the network ResIST evaluates (partitioned branches scaled, as the paper does)
     self.warm = engine(self.engine.eval_model(), dataclasses.replace(spec, partition=False)) if self.warmup else None
+    if self.warm is not None:
+      self.warm.announce = False  # the bytes the log announces are ResIST's
     self._example = None
 
   def train_batch(self, x, y, order, step: int) -> Batch:
