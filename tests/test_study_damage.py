@@ -178,3 +178,24 @@ def test_run_mode_goes_on_past_a_run_none_of_whose_checkpoints_restores(tmp_path
   assert os.path.join(damaged.name, 'checkpoints') in failed[0]
   assert failed[0].endswith('passed over, the study goes on with its next run')
   assert [study_lib.is_finished(workdir, r) for r in study.runs] == [False, True, False, False]
+
+
+def test_run_mode_stops_on_an_error_every_run_would_meet(tmp_path):
+  """Data that is not where the study was told (a wrong --data_path) is no damaged run to pass over: every run
+  would meet it, so the study stops with that error instead of logging one failure per run."""
+  import dataclasses
+  import pytest
+  from jaxdecouple.errors import DataError
+
+  def missing_data(run):
+    def build():
+      c = run.build()
+      c.data.source, c.data.path = 'npz', str(tmp_path / 'no-such.npz')
+      return c
+    return dataclasses.replace(run, build=build)
+  tiny = study_lib.STUDIES['tiny']()
+  study = dataclasses.replace(tiny, runs=tuple(missing_data(r) for r in tiny.runs))
+  said = []
+  with pytest.raises(DataError, match='no-such.npz'):
+    study_lib.run_study(study, str(tmp_path / 'study'), log=said.append)
+  assert not [line for line in said if 'passed over' in line], said

@@ -142,9 +142,10 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
   starts. For machines that stop at a fixed time, where a run cut short loses its checkpoints.
   A finished run's checkpoints are deleted unless ``keep_checkpoints`` (the report needs only its
   metrics; a pipeline method's checkpoint holds the in-flight activations: 200-430 MB for ResNet-20).
-  A run that cannot go on (its config.json or all its checkpoints damaged: any JaxDecoupleError) or whose
-  finished.json or diverged.json is damaged is passed over with one line naming it; the study goes on."""
-  from jaxdecouple.errors import DivergenceError, JaxDecoupleError, WorkdirInUseError
+  A run that cannot go on (its config.json or all its checkpoints damaged: a CheckpointError or WorkdirError)
+  or whose finished.json or diverged.json is damaged is passed over with one line naming it; the study goes
+  on. Any other error (data not found, a bad config, a full disk) stops the study: every run would meet it."""
+  from jaxdecouple.errors import CheckpointError, DivergenceError, WorkdirError, WorkdirInUseError
   from jaxdecouple.train import train_and_evaluate
   start, ran = time.time(), 0
   for i, run in enumerate(study.runs):
@@ -196,7 +197,8 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
         log(f'{run.name} diverged: {e}')
         ran += 1
         continue
-      except JaxDecoupleError as e:  # this run cannot go on (a damaged config.json, no checkpoint restores...)
+      except (CheckpointError, WorkdirError) as e:  # this run cannot go on (a damaged config.json, no checkpoint
+        # restores); the others can. (Errors every run would meet, such as missing data, stop the study.)
         log(f'[{i + 1}/{len(study.runs)}] {run.name} failed: {" ".join(str(e).split())}; passed over, the study '
             'goes on with its next run')
         continue
