@@ -91,6 +91,9 @@ def validate(o) -> None:
   for field in ('momentum', 'b1', 'b2', 'muon_beta'):
     if not 0 <= o[field] < 1:
       fail(f'optim.{field}', f'must be in [0, 1), got {o[field]!r}')
+  if o.decay_steps < 0 or (o.decay_steps and o.milestones):
+    fail('optim.decay_steps', f'must be 0 (milestones) or positive with optim.milestones=() (the rate then falls '
+         f'as 1 / sqrt(1 + t / decay_steps)), got {o.decay_steps} with milestones {tuple(o.milestones)}')
   for field in ('eps', 'trust_coefficient'):
     if not o[field] > 0:
       fail(f'optim.{field}', f'must be positive, got {o[field]!r}')
@@ -112,7 +115,8 @@ def make_optimizer(optim_config) -> Optimizer:
 def make_schedule(optim_config, steps_per_epoch: int) -> Callable[[jax.Array], jax.Array]:
   """Learning rate of global iteration ``step`` (a traced int is fine).
 
-  Milestones are epochs at which the rate is multiplied by ``decay_factor``. Warm-up: 'constant'
+  Milestones are epochs at which the rate is multiplied by ``decay_factor``; or, with ``decay_steps`` > 0,
+  the rate falls as lr / sqrt(1 + t / decay_steps) (a diminishing rate, as FDG's Theorem 1 assumes). Warm-up: 'constant'
   uses ``warmup_lr`` for the first ``warmup_epochs`` epochs (the FDG paper: 0.01 for 3 epochs);
   'linear' rises per iteration from ``warmup_factor * lr`` to ``lr`` over them (the ADL code).
   """
@@ -122,11 +126,14 @@ def make_schedule(optim_config, steps_per_epoch: int) -> Callable[[jax.Array], j
   has_milestones = bool(optim_config.milestones)
   warmup_steps = int(round(optim_config.warmup_epochs * steps_per_epoch))
   kind = optim_config.warmup
+  decay_steps = float(optim_config.get('decay_steps', 0.0))
 
   def schedule(step):
     step = jnp.asarray(step, jnp.int32)
     passed = jnp.sum(step >= boundaries) if has_milestones else 0
     lr = base * jnp.asarray(optim_config.decay_factor, jnp.float32) ** passed
+    if decay_steps:
+      lr = base / jnp.sqrt(1.0 + step.astype(jnp.float32) / decay_steps)
     if kind == 'constant' and warmup_steps > 0:
       lr = jnp.where(step < warmup_steps, jnp.float32(optim_config.warmup_lr), lr)
     elif kind == 'linear' and warmup_steps > 0:

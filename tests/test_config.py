@@ -78,7 +78,7 @@ def test_cli_bad_value_stops_before_compute_with_one_line(tmp_path):
 @pytest.mark.parametrize('override,message', [
     ('--config.nope=1', 'error: --config.nope: unknown field; fields of config: batch_size,'),
     ('--config.optim.lerning_rate=1', 'error: --config.optim.lerning_rate: unknown field; fields of '
-     'config.optim: b1, b2, decay_factor, eps, learning_rate,'),
+     'config.optim: b1, b2, decay_factor, decay_steps, eps, learning_rate,'),
     ('--config.batch_size=abc', "error: flag --config.batch_size=abc: invalid literal for int()"),
 ])
 def test_cli_bad_override_is_one_line(override, message, tmp_path):

@@ -1,0 +1,80 @@
+"""FDG's Theorem 1 (Zhuang et al., the FDG paper's section 4), checked numerically on a smooth non-convex problem.
+
+The algorithm the theorem is about (its appendix A): K blocks q(k) of the parameters; block k (k = 1..K) steps
+theta_q(k)^{t+1} = theta_q(k)^t - gamma_t beta^{K-k} g_q(k)(theta^{d_k(t)}), a stochastic gradient taken
+d = 2(K-k) iterations ago (d_k(t) = t - 2(K-k)). Under Assumption 1 (L-smooth) and 2 (E||g||^2 <= M), with
+a diminishing rate and L gamma_t <= 1, for every t (eq. 11):
+    E[f(theta^{t+1})] - f(theta^t) <= -gamma_t / 2 Z1 + gamma_t^2 Z2,
+    Z1 = sum_k beta^{K-k} ||grad_q(k) f(theta^t)||^2,
+    Z2 = L M (beta^K - 1)/(beta - 1) + L M sum_k beta^{3(K-k)} (t - max{0, d_k(t)}).
+The problem: f(theta) = sum_i a_i log(1 + (theta_i - c_i)^2), non-convex, L = 2 max a_i, its gradient bounded
+by a_i per coordinate; the stochastic gradient adds noise uniform in [-s, s]. The expectation over the step's
+noise is taken by Monte Carlo. The rate is the library's (optim.decay_steps: lr / sqrt(1 + t)).
+"""
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from jaxdecouple.optim import make_schedule
+
+DIM, NOISE, SAMPLES = 12, 2.0, 4000
+
+
+def problem(seed=0):
+  rng = np.random.default_rng(seed)
+  a, c = rng.uniform(0.5, 1.5, DIM), rng.normal(0, 2, DIM)
+  f = lambda th: np.sum(a * np.log1p((th - c) ** 2), axis=-1)
+  grad = lambda th: 2 * a * (th - c) / (1 + (th - c) ** 2)
+  L = 2 * a.max()
+  M = float(np.sum((a + NOISE) ** 2))  # ||g + noise||^2 <= sum (a_i + s)^2
+  return f, grad, L, M
+
+
+def rates(L, steps):
+  """The library's diminishing rate, started at 1 / L (so L gamma_t <= 1 throughout)."""
+  c = tiny_config()
+  c.optim.learning_rate, c.optim.milestones, c.optim.decay_steps = 1.0 / L, (), 1.0
+  schedule = make_schedule(c.optim, 8)
+  return np.array([float(schedule(t)) for t in range(steps)])
+
+
+@pytest.mark.parametrize('K', [2, 3, 4])
+@pytest.mark.parametrize('beta', [1.0, 0.7])
+def test_fdg_theorem_1_bounds_every_step_and_the_gradient_norm_falls(K, beta):
+  f, grad, L, M = problem()
+  steps = 400
+  gamma = rates(L, steps)
+  blocks = np.array_split(np.arange(DIM), K)  # block k = 1..K (index k - 1)
+  rng = np.random.default_rng(1)
+  history = [np.random.default_rng(2).normal(0, 3, DIM)]
+  worst, worst_without_z2, norms, z1s, z2s = -np.inf, -np.inf, [], [], []
+  for t in range(steps):
+    theta = history[-1]
+    full = grad(theta)
+    z1 = sum(beta ** (K - k) * np.sum(full[blocks[k - 1]] ** 2) for k in range(1, K + 1))
+    delay = lambda k: t - 2 * (K - k)
+    geometric = K if beta == 1 else (beta ** K - 1) / (beta - 1)
+    z2 = L * M * geometric + L * M * sum(beta ** (3 * (K - k)) * (t - max(0, delay(k))) for k in range(1, K + 1))
+    # the step's stale block gradients (each from theta^{max(0, d)}), fresh noise: SAMPLES draws of theta^{t+1}
+    step = np.zeros(DIM)
+    for k in range(1, K + 1):
+      q = blocks[k - 1]
+      step[q] = beta ** (K - k) * grad(history[max(0, delay(k))])[q]
+    noise = rng.uniform(-NOISE, NOISE, (SAMPLES, DIM)) * np.concatenate(
+        [np.full(len(blocks[k - 1]), beta ** (K - k)) for k in range(1, K + 1)])
+    nxt = theta - gamma[t] * (step + noise)
+    expected_change = f(nxt).mean() - f(theta)
+    bound = -gamma[t] / 2 * z1 + gamma[t] ** 2 * z2
+    worst = max(worst, expected_change - bound)
+    worst_without_z2 = max(worst_without_z2, expected_change + gamma[t] / 2 * z1)
+    history.append(nxt[0])  # the trajectory goes on with one of the draws
+    norms.append(np.sum(full ** 2))
+    z1s.append(z1)
+    z2s.append(z2)
+  assert worst <= 1e-3, worst  # eq. 11 at every step (Monte Carlo error far below the bound's slack)
+  assert worst_without_z2 > 0  # not vacuous: the descent term alone fails (the noise's gamma^2 cost), Z2 is needed
+  # summed over t (f >= 0): sum gamma_t Z1_t <= 2 f(theta^0) + 2 sum gamma_t^2 Z2_t, and the squared gradient
+  # norm falls under the diminishing rate
+  assert np.sum(gamma * np.array(z1s)) <= 2 * f(history[0]) + 2 * np.sum(gamma ** 2 * np.array(z2s))
+  early, late = np.mean(norms[:20]), np.mean(norms[-50:])
+  assert late < 0.5 * early, (early, late)
