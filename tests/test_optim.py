@@ -46,3 +46,18 @@ def test_linear_warmup_per_iteration():
     np.testing.assert_allclose(float(schedule(s)), 0.001 + (0.1 - 0.001) * s / 20, rtol=1e-5)
   np.testing.assert_allclose(float(schedule(20)), 0.1, rtol=1e-6)
   np.testing.assert_allclose(float(schedule(50)), 0.01, rtol=1e-6)
+
+
+def test_inverse_sqrt_decay_and_its_refusal_with_milestones():
+  """optim.decay_steps = N: lr / sqrt(1 + t / N) per iteration (the diminishing rate of FDG's Theorem 1); with
+  milestones as well it is refused (one of the two decays)."""
+  from jaxdecouple.errors import ConfigError
+  from jaxdecouple.methods import validate
+  c = tiny_config()
+  c.optim.milestones, c.optim.decay_steps = (), 4.0
+  schedule = make_schedule(c.optim, steps_per_epoch=10)
+  np.testing.assert_allclose([float(schedule(t)) for t in (0, 4, 12, 60)], [0.1, 0.1 / 2 ** 0.5, 0.05, 0.025],
+                             rtol=1e-6)
+  c.optim.milestones = (1,)
+  with pytest.raises(ConfigError, match=r'config\.optim\.decay_steps'):
+    validate(c)
