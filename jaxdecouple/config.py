@@ -121,6 +121,12 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.replica.skip = 'gather'    # resist: how blocks a worker does not own are skipped: gather | cond
   c.replica.partition = 'third_section'  # resist: which blocks are dealt out: third_section (the paper's) or
   #   every_section (A.1's naive partition: every block that keeps its input's shape, each section on its own)
+  c.replica.outer_lr = 1.0     # the outer optimizer on the round's average change (DiLoCo: 0.7); with
+  c.replica.outer_momentum = 0.0  # outer momentum 0 and lr 1, plain averaging (DiLoCo: 0.9, Nesterov)
+  c.replica.outer_nesterov = True
+  c.replica.compress = 'weights'  # what quantize_bits / sparsify compress: weights (the paper's A.5) or updates
+                                  # (each worker's change of the shared layers, with error feedback)
+  c.replica.error_feedback = True  # compress='updates': carry what was not sent into the next round
 
   c.distributed = ml_collections.ConfigDict()  # several processes (hosts) in one run
   c.distributed.coordinator = ''   # '': one process; 'auto': jax.distributed.initialize() detects

@@ -271,6 +271,15 @@ def resist_run(tmp_path_factory):
   return train_and_evaluate(replica_run_config(), str(tmp_path_factory.mktemp('resist') / 'run'))
 
 
+@pytest.fixture(scope='session')
+def resist_outer_run(tmp_path_factory):
+  """The same run with DiLoCo's outer optimizer (outer lr 0.7, Nesterov momentum 0.9): what the two-process
+  test compares against, itself checked against the sequential reference."""
+  from multiprocess_worker import replica_run_config
+  from jaxdecouple.train import train_and_evaluate
+  return train_and_evaluate(replica_run_config(outer=True), str(tmp_path_factory.mktemp('resist_outer') / 'run'))
+
+
 # The longest tests first: pytest-xdist hands tests out in collection order, and a minute-long test
 # handed out last keeps one worker busy while the other has nothing left (about 30 s of the suite).
 SLOW_FIRST = ('test_pipeline_processes.py', 'test_multiprocess.py', 'scanned_blocks', 'test_resist.py',

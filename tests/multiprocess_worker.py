@@ -8,8 +8,9 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def replica_run_config():
-  """The run both tests compare (conftest is not imported here: it would ask for 4 CPU devices)."""
+def replica_run_config(outer: bool = False):
+  """The run both tests compare (conftest is not imported here: it would ask for 4 CPU devices); with
+  ``outer``, DiLoCo's outer optimizer (lr 0.7, Nesterov momentum 0.9) ends each round."""
   from jaxdecouple.config import get_default_config
   c = get_default_config()
   c.method, c.model, c.dataset, c.max_steps = 'resist', 'preact_tiny', 'cifar10', 5
@@ -17,12 +18,14 @@ def replica_run_config():
   c.batch_size, c.eval_batch_size, c.num_epochs, c.optim.milestones = 32, 64, 2, (1,)
   c.log_every_steps, c.checkpoint_every_steps = 4, 0  # a checkpoint at the end (step 5), resumed below
   c.replica.num_workers, c.replica.local_steps, c.optim.learning_rate = 4, 2, 0.005
+  if outer:
+    c.replica.outer_lr, c.replica.outer_momentum = 0.7, 0.9
   return c
 
 
-def main(process_id: int, port: int, workdir: str, out: str):
+def main(process_id: int, port: int, workdir: str, out: str, outer: bool = False):
   from jaxdecouple.train import train_and_evaluate
-  config = replica_run_config()
+  config = replica_run_config(outer)
   config.distributed.coordinator = f'127.0.0.1:{port}'
   config.distributed.num_processes, config.distributed.process_id = 2, process_id
   result = train_and_evaluate(config, workdir)
@@ -41,4 +44,4 @@ def main(process_id: int, port: int, workdir: str, out: str):
 
 if __name__ == '__main__':
   jax.config.update('jax_num_cpu_devices', 2)  # before JAX starts: 2 devices in this process
-  main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
+  main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:] == ['outer'])

@@ -1,5 +1,8 @@
 """The replica engine over 2 processes with 2 CPU devices each (jax.distributed on loopback, gloo
-collectives) gives the parameters of 4 devices in one process."""
+collectives) gives the parameters of 4 devices in one process. The run is ResIST with DiLoCo's outer
+optimizer: everything plain averaging moves (blocks between processes, the shared layers' all-reduce, the
+checkpoint's shards) plus the outer state, whose momentum travels with the blocks; the one-process run
+it is compared with is itself checked against the sequential reference (test_outer.py)."""
 import os
 import socket
 import subprocess
@@ -34,11 +37,11 @@ def _free(port: int) -> bool:
   return True
 
 
-def test_two_processes_match_one_process_with_four_devices(tmp_path, resist_run):
+def test_two_processes_match_one_process_with_four_devices(tmp_path, resist_outer_run):
   port, workdir = free_port(), str(tmp_path / 'mp')
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': ''}
   procs = [subprocess.Popen([sys.executable, os.path.join(HERE, 'multiprocess_worker.py'), str(i), str(port),
-                             workdir, str(tmp_path / f'p{i}.npz')], env=env, stdout=subprocess.PIPE,
+                             workdir, str(tmp_path / f'p{i}.npz'), 'outer'], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True) for i in range(2)]
   try:
     logs = [communicate_within(p, 300, f'waiting for process {i} to end')[0] for i, p in enumerate(procs)]
@@ -46,7 +49,7 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path, resist_run)
     for p in procs:
       p.kill()
   assert [p.returncode for p in procs] == [0, 0], '\n'.join(log[-3000:] for log in logs)
-  single = resist_run  # replica_run_config() on the 4 devices of this process
+  single = resist_outer_run  # replica_run_config(outer=True) on the 4 devices of this process
   want = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(single.variables)[0]}
   for i in range(2):
     got = np.load(tmp_path / f'p{i}.npz')

@@ -82,7 +82,11 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True, 
   restarted, a new partition drawn (unless ``redraw`` is off). With a ``warmup`` of W steps, the first W
   are local SGD (every worker runs every block, the partitioned ones' branches scaled by 1/S as at test
   time). ``sections``: the naive partition's groups of blocks (one per section), each dealt out on its own
-  from its own stream. Returns each worker's variables."""
+  from its own stream. The round's end follows the config's outer optimizer (jaxdecouple/replica/outer.py):
+  with outer lr eta and momentum mu each block's anchor (its value at the round's start) takes the step
+  delta = anchor - mean over holders, m = mu m + delta, anchor - eta (delta + mu m) (Nesterov; else
+  anchor - eta m), and with compressed updates each worker's shared-layer change plus its unsent error is
+  compressed (``numpy_compress``), the error kept, the arrivals averaged. Returns each worker's variables."""
   r = config.replica
   S, L = r.num_workers, r.local_steps
   ds = load_dataset(config.data, config.dataset)
@@ -92,6 +96,11 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True, 
   params = [dict(init['params']) for _ in range(S)]  # one dict per worker: blocks are replaced in it
   stats = [init['batch_stats'] for _ in range(S)]
   momentum = [jax.tree.map(jnp.zeros_like, init['params']) for _ in range(S)]
+  lr_out, mu, updates = r.outer_lr, r.outer_momentum, r.compress == 'updates'
+  outer = lr_out != 1 or mu or updates
+  anchor = dict(init['params'])  # every block's value at the round's start, the same on every holder
+  outer_m = jax.tree.map(np.zeros_like, dict(init['params']))
+  error = [jax.tree.map(np.zeros_like, dict(init['params'])) for _ in range(S)]  # shared layers' unsent change
   orders = [TrainOrder(len(ds.x_train), config.batch_size, config.seed, stream=w) for w in range(S)]
   pre = Preprocess(ds.mean, ds.std, config.data.crop_padding, config.data.flip, config.data.augment)
   spe = len(ds.x_train) // config.batch_size
@@ -139,6 +148,21 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True, 
                  for n in model.block_names}
       mean = lambda trees, n: tree_mean([trees[w][n] for w in holders[n]])
       new_params = {n: mean(params, n) for n in model.block_names}
+      for n in model.block_names if outer else ():
+        if updates and n not in blocks:
+          sent = []
+          for w in range(S):
+            v = jax.tree.map(lambda a, p, e: np.asarray(a) - np.asarray(p) + (e if r.error_feedback else 0),
+                             anchor[n], params[w][n], error[w][n])
+            sent.append(jax.tree.map(lambda x: numpy_compress(x, r.quantize_bits, r.sparsify), v))
+            error[w][n] = jax.tree.map(lambda x, c: x - c, v, sent[-1])
+          delta = jax.tree.map(lambda *xs: sum(xs) / S, *sent)
+        else:
+          delta = jax.tree.map(lambda a, p: np.asarray(a) - np.asarray(p), anchor[n], new_params[n])
+        outer_m[n] = jax.tree.map(lambda m, d: mu * m + d, outer_m[n], delta)
+        step = jax.tree.map(lambda d, m: d + mu * m, delta, outer_m[n]) if r.outer_nesterov else outer_m[n]
+        new_params[n] = jax.tree.map(lambda a, u: np.asarray(a) - lr_out * u, anchor[n], step)
+      anchor = dict(new_params)
       new_stats = {n: mean(stats, n) for n in stats[0]}
       params = [dict(new_params) for _ in range(S)]
       stats = [dict(new_stats) for _ in range(S)]
@@ -489,7 +513,7 @@ def numpy_compress(x, bits, keep):
   values = flat[index]
   if bits:
     lo, hi = values.min(), values.max()
-    step = np.float32((hi - lo) / (2 ** bits - 1))
+    step = np.float32(max(hi - lo, 1e-12) / (2 ** bits - 1))  # a constant tensor: one grid point
     values = lo + np.round((values - lo) / step) * step
   out = np.zeros_like(flat)
   out[index] = values

@@ -57,6 +57,19 @@ def validate(config, name: str, partition: bool, average: bool) -> None:
   if r.partition == 'every_section' and r.min_depth:
     fail('replica.min_depth', "the naive partition (replica.partition='every_section') deals every section out "
          'on its own, as the paper\'s A.1 does, without a minimum depth; leave replica.min_depth at 0')
+  if not 0 < r.outer_lr <= 10:
+    fail('replica.outer_lr', f'must be in (0, 10] (1: plain averaging; DiLoCo uses 0.7), got {r.outer_lr}')
+  if not 0 <= r.outer_momentum < 1:
+    fail('replica.outer_momentum', f'must be in [0, 1) (0: none; DiLoCo uses 0.9), got {r.outer_momentum}')
+  if not average and (r.outer_lr != 1 or r.outer_momentum):
+    fail('replica.outer_lr', f'{name} never averages, so it has no outer step (leave outer_lr 1, outer_momentum 0)')
+  if r.compress not in ('weights', 'updates'):
+    fail('replica.compress', f"{r.compress!r} is not allowed; choose weights (the paper's A.5) or updates")
+  if r.compress == 'updates' and not (r.quantize_bits or r.sparsify):
+    fail('replica.compress', "'updates' compresses with replica.quantize_bits and/or replica.sparsify; set one "
+         'of them (for example replica.sparsify=0.25)')
+  if r.compress == 'updates' and not average:
+    fail('replica.compress', f'{name} never averages, so it sends no updates (leave it at weights)')
   o = config.optim
   if partition and o.name in ('lamb', 'lars'):
     fail('optim.name', f'{o.name} scales each parameter array by its own trust ratio, and a {name} worker stacks its '
@@ -85,7 +98,9 @@ def spec(config, partition: bool, average: bool, redraw: bool) -> ReplicaSpec:
                      momentum=r.momentum, batch_norm=r.batch_norm, quantize_bits=r.quantize_bits,
                      sparsify=r.sparsify, skip=r.skip, test_time_scale=r.test_time_scale,
                      stats_every=max(1, r.stats_every_steps // r.local_steps),
-                     scope=r.partition if partition else 'third_section')
+                     scope=r.partition if partition else 'third_section', outer_lr=r.outer_lr,
+                     outer_momentum=r.outer_momentum, outer_nesterov=r.outer_nesterov, compress=r.compress,
+                     error_feedback=r.error_feedback)
 
 
 def devices(section, available):

@@ -62,11 +62,13 @@ class ReplicaMethod(Method):
 
   def _after_warmup(self, state: ReplicaState) -> ReplicaState:
     """The warm-up's last step averaged every worker's network: ResIST's layout from it, every worker
-    keeping only its blocks of the next round; momentum restarts (or carries over with 'average')."""
+    keeping only its blocks of the next round; momentum restarts (or carries over with 'average'); the
+    outer momentum carries over, the unsent error (compressed updates) restarts at zero."""
     first = lambda tree: jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data[0]), tree)
     opt_state = first(state.opt_state) if self.engine.spec.momentum == 'average' else None
+    outer_momentum = first(state.outer['momentum']) if 'momentum' in state.outer else None
     return self.engine.state_from(first(state.params), first(state.batch_stats), opt_state,
-                                  self.warmup // self.engine.spec.local_steps)
+                                  self.warmup // self.engine.spec.local_steps, outer_momentum)
 
   def step(self, state: ReplicaState, batch: Batch, step: int):
     if step < self.warmup:

@@ -1,11 +1,13 @@
 """The end of a round: shared layers averaged, partitioned blocks sent to their next owners, and what it moved.
 
-Every ``local_steps`` iterations the shared layers are averaged over all workers (one all-reduce of the
-shared layers only, or, compressed, an all-gather of each worker's encoded buffer); each partitioned
-block travels as one flat float32 *row* (parameters, statistics and, when averaged, momentum) from the
-worker(s) that trained it to its owner(s) of the next round (``exchange.py``), averaged over its previous
-owners where a minimum depth lets several hold one. The bytes that crossed a device boundary are counted
-from the arrays handed to the transfers and to the collectives. ``averaged`` gathers the whole network
+Every ``local_steps`` iterations the shared layers are averaged over all workers (``shared_layers.py``:
+one all-reduce, or, compressed, an all-gather of each worker's encoded buffer); each partitioned block
+travels as one flat float32 *row* (parameters, statistics and, when averaged, momentum; its outer
+momentum with an outer optimizer) from the worker(s) that trained it to its owner(s) of the next round
+(``exchange.py``), averaged over its previous owners where a minimum depth lets several hold one. With an
+outer optimizer (``outer.py``) each holder takes the outer step of its blocks before they travel, and the
+shared layers take theirs after the all-reduce. The bytes that crossed a device boundary are counted from
+the arrays handed to the transfers and to the collectives. ``averaged`` gathers the whole network
 (evaluation, unlike training, needs it in one place).
 """
 from __future__ import annotations
@@ -21,36 +23,87 @@ from jax.sharding import Mesh, PartitionSpec as P
 from jaxdecouple.models.slots import SlotGroup
 from jaxdecouple.replica import exchange, wire
 from jaxdecouple.replica.layout import Layout, ReplicaState, in_slots, shared_sizes
+from jaxdecouple.replica.outer import OuterOptimizer
+from jaxdecouple.replica.shared_layers import AXIS, SharedLayers, shared_part
 
-AXIS = 'worker'
 
 
 class Traffic(NamedTuple):
-  """Bytes one round moved across device boundaries, per device (counted from the arrays sent)."""
+  """Bytes one round moved across device boundaries, per device: the blocks' transfers counted from the
+  arrays sent; the shared layers' collectives from the arrays each device put in."""
   sent: np.ndarray
   received: np.ndarray
-  all_reduce: int      # bytes of the shared layers each device contributed to the all-reduce
+  all_reduce: int      # bytes of the shared layers each device put into the collectives (float32 and encoded)
+  all_gather: int = 0  # of which encoded buffers, all-gathered (compression on)
+  devices: int = 1
+
+  @property
+  def collective_received(self) -> float:
+    """Bytes arriving at each device from the collectives: every other device's encoded buffers (an
+    all-gather's output less the device's own: exact, whatever the algorithm) plus, for the float32
+    all-reduce, what a ring all-reduce (reduce-scatter then all-gather, the bandwidth-optimal one) moves,
+    2 (D - 1) / D of the reduced bytes: a count of that algorithm, as XLA does not report its own.
+    A device sends as many bytes as it receives."""
+    d = self.devices
+    if d <= 1:
+      return 0.0
+    return 2 * (d - 1) / d * (self.all_reduce - self.all_gather) + (d - 1) * self.all_gather
 
 
 class Averaging:
   """The compiled end-of-round programs of one engine, over its 'worker' mesh."""
 
   def __init__(self, layout: Layout, mesh: Mesh, per_device: int, optimizer_init=None, momentum: str = 'restart',
-               quantize_bits: int = 0, sparsify: float = 0.0, stats_every: int = 1):
+               quantize_bits: int = 0, sparsify: float = 0.0, stats_every: int = 1,
+               outer: OuterOptimizer = OuterOptimizer(), updates: bool = False, error_feedback: bool = True):
     self.layout, self.mesh, self.per_device, self.optimizer_init = layout, mesh, per_device, optimizer_init
     self.devices = list(mesh.devices.flat)
     self.num_workers = layout.num_workers
     self.momentum, self.quantize_bits, self.sparsify, self.stats_every = momentum, quantize_bits, sparsify, stats_every
+    self.shared = SharedLayers(layout.keys, self.num_workers, per_device, quantize_bits, sparsify, outer, updates,
+                               error_feedback)
+    self.outer, self.updates, self.error_feedback = outer, self.shared.updates, self.shared.error_feedback
     self._codecs: list[wire.Codec | None] | None = None  # by group, made at the first round (row widths)
 
   @property
   def compresses(self) -> bool:
     return bool(self.quantize_bits or self.sparsify)
 
+  @property
+  def tracks(self) -> bool:
+    """Whether the workers keep outer state (the round's anchor, outer momentum, the unsent error): with
+    an outer optimizer other than plain averaging, or with compressed updates."""
+    return not self.outer.plain or self.updates
+
+  def outer_state(self, params) -> dict:
+    """The outer state of workers whose round starts at ``params`` (the workers' layout, any arrays):
+    the anchor (a copy), zero outer momentum, zero unsent error of the shared layers."""
+    if not self.tracks:
+      return {}
+    zeros = lambda tree: jax.tree.map(lambda x: x * 0, tree)
+    state = {'anchor': jax.tree.map(lambda x: x + 0, params)}
+    if self.outer.momentum:
+      state['momentum'] = zeros(params)
+    if self.error_feedback:
+      state['error'] = zeros(shared_part(self.layout.keys, params))
+    return state
+
   # --- rows: a slot's block as one flat float32 row -------------------------------------------------
-  def moving(self, params, stats, opt_state):
-    """What travels with a block: its parameters and statistics, and its momentum when averaged."""
-    return (params, stats, opt_state if self.momentum == 'average' else ())
+  def moving(self, params, stats, opt_state, outer_momentum=()):
+    """What travels with a block: its parameters and statistics, its momentum when averaged, and its
+    outer momentum when there is one."""
+    return (params, stats, opt_state if self.momentum == 'average' else (), outer_momentum)
+
+  def outer_slots(self, params, outer):
+    """Each holder's outer step of its partitioned blocks, taken before they travel (see outer.py):
+    (parameters, outer momentum), shared leaves as they were (momentum () without one)."""
+    if self.outer.plain or not self.layout.keys:
+      return params, outer.get('momentum', ())
+    slots = lambda tree: {k: tree[k] for k in self.layout.keys}
+    anchor = slots(outer['anchor'])
+    delta = jax.tree.map(lambda a, p: a.astype(jnp.float32) - p.astype(jnp.float32), anchor, slots(params))
+    new, m = self.outer.apply(anchor, delta, slots(outer['momentum']) if self.outer.momentum else ())
+    return {**params, **new}, ({**outer['momentum'], **m} if self.outer.momentum else ())
 
   def pack(self, tree, g: SlotGroup):
     """Group g's slot leaves (..., slots, *shape) of this device -> rows (workers here * slots, R), float32."""
@@ -61,7 +114,8 @@ class Averaging:
   def row_width(self, state: ReplicaState, g: SlotGroup | None = None) -> int:
     g = g or self.layout.groups[0]
     leaves = [x for path, x in jax.tree_util.tree_flatten_with_path(self.moving(
-        state.params, state.batch_stats, state.opt_state))[0] if in_slots(path, g.key)]
+        state.params, state.batch_stats, state.opt_state, state.outer.get('momentum', ())))[0]
+              if in_slots(path, g.key)]
     return sum(int(np.prod(x.shape[2:])) for x in leaves)
 
   @staticmethod
@@ -86,66 +140,55 @@ class Averaging:
     """The state's slots as rows, one per (worker, slot), sharded over the workers' devices: a tuple, one
     array per group."""
     w = P(AXIS)
-    f = jax.shard_map(lambda p, s, o: tuple(self.pack(self.moving(p, s, o), g) for g in self.layout.groups),
-                      mesh=self.mesh, in_specs=(w, w, w), out_specs=w, check_vma=False)
-    return jax.jit(lambda st: f(st.params, st.batch_stats, st.opt_state))
 
-  # --- the shared layers ----------------------------------------------------------------------------
-  def mean(self, x):
-    """A (workers here, ...) leaf averaged over all workers: summed here, then all-reduced."""
-    return (jax.lax.psum(jnp.sum(x.astype(jnp.float32), axis=0), AXIS) / self.num_workers).astype(x.dtype)
+    def rows(p, s, o, outer):
+      p, m = self.outer_slots(p, outer)
+      return tuple(self.pack(self.moving(p, s, o, m), g) for g in self.layout.groups)
+    f = jax.shard_map(rows, mesh=self.mesh, in_specs=(w, w, w, w), out_specs=w, check_vma=False)
+    return jax.jit(lambda st: f(st.params, st.batch_stats, st.opt_state, st.outer))
 
-  def _shared_compressed(self, params):
-    """Shared parameters sent compressed: each worker's encoded (one uint8 buffer per worker), gathered
-    by every device, decoded and averaged in worker order; every worker ends with the same average."""
-    bits, keep = self.quantize_bits, self.sparsify
-    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
-    shared = [x for path, x in flat if not in_slots(path)]
-    sizes = [int(np.prod(x.shape[1:])) for x in shared]
-    buffers = jnp.concatenate([jax.vmap(lambda v: wire.encode(v.reshape(-1).astype(jnp.float32), bits, keep))(x)
-                               for x in shared], axis=1)
-    everyone = jax.lax.all_gather(buffers, AXIS, tiled=True)  # (S, bytes)
-    means, start = [], 0
-    for x, n in zip(shared, sizes):
-      size = wire.encoded_size(n, bits, keep)
-      decoded = jax.vmap(lambda b: wire.decode(b, n, bits, keep))(everyone[:, start:start + size])
-      means.append(jnp.broadcast_to((jnp.sum(decoded, axis=0) / self.num_workers).reshape(x.shape[1:]).astype(x.dtype),
-                                    x.shape))
-      start += size
-    out = iter(means)
-    return jax.tree_util.tree_unflatten(treedef, [x if in_slots(path) else next(out) for path, x in flat])
-
-  def _finish(self, params, stats, opt_state, rows, sync_stats):
-    """Shared layers averaged over all workers (their BatchNorm statistics only where ``sync_stats``:
-    in between, each worker keeps its own); slots from the assembled rows; momentum restarted unless
-    averaged."""
+  def _finish(self, params, stats, opt_state, outer, rows, sync_stats: bool):
+    """Shared layers averaged over all workers (or their outer step taken), their BatchNorm statistics only
+    where ``sync_stats`` (in between, each worker keeps its own); slots from the assembled rows; momentum
+    restarted unless averaged; the next round's anchor is where this one ends."""
     shared = lambda tree: jax.tree_util.tree_map_with_path(
-        lambda path, x: x if in_slots(path) else jnp.broadcast_to(self.mean(x), x.shape), tree)
-    params = self._shared_compressed(params) if self.compresses else shared(params)
-    stats = jax.tree.map(lambda avg, x: jnp.where(sync_stats, avg, x), shared(stats), stats)
+        lambda path, x: x if in_slots(path) else jnp.broadcast_to(self.shared.mean(x), x.shape), tree)
+    outer_momentum, error = (), {}
+    if self.tracks:
+      params, outer_momentum, error = self.shared.outer_step(params, outer)
+    else:
+      params = self.shared.compressed(params) if self.compresses else shared(params)
+    stats = shared(stats) if sync_stats else stats
     opt_state = shared(opt_state) if self.momentum == 'average' else opt_state
     if self.layout.index:
-      moved = self.moving(params, stats, opt_state)
+      moved = self.moving(params, stats, opt_state, outer_momentum)
       for g, group_rows in zip(self.layout.groups, rows):
         moved = self.unpack_into(group_rows, moved, g)
-      params, stats = moved[0], moved[1]
+      params, stats, _, outer_momentum = moved
       if self.momentum == 'average':
         opt_state = moved[2]
     if self.momentum != 'average':  # restarted: as the optimizer initialises it (zeros for SGD's momentum)
       opt_state = jax.vmap(self.optimizer_init)(params)
-    return params, stats, opt_state
+    if self.tracks:
+      outer = {'anchor': params, **({'momentum': outer_momentum} if self.outer.momentum else {}),
+               **({'error': error} if self.error_feedback else {})}
+    return params, stats, opt_state, outer
 
   @functools.cached_property
   def finish(self):
-    """``(state, rows, next membership, sync_stats) -> state``: the round's last program, compiled once."""
+    """``{sync_stats: (state, rows, next membership) -> state}``: the round's last program, compiled once
+    with the shared layers' statistics averaged and once without (their all-reduce really left out)."""
     w = P(AXIS)
-    f = jax.shard_map(self._finish, mesh=self.mesh, in_specs=(w, w, w, w, P()), out_specs=(w, w, w),
-                      check_vma=False)
 
-    def fin(state: ReplicaState, rows, next_membership, sync_stats):
-      p, st, o = f(state.params, state.batch_stats, state.opt_state, rows, sync_stats)
-      return ReplicaState(p, st, o, next_membership)
-    return jax.jit(fin, donate_argnums=0)
+    def program(sync_stats):
+      f = jax.shard_map(functools.partial(self._finish, sync_stats=sync_stats), mesh=self.mesh,
+                        in_specs=(w, w, w, w, w), out_specs=(w, w, w, w), check_vma=False)
+
+      def fin(state: ReplicaState, rows, next_membership):
+        p, st, o, outer = f(state.params, state.batch_stats, state.opt_state, state.outer, rows)
+        return ReplicaState(p, st, o, next_membership, outer)
+      return jax.jit(fin, donate_argnums=0)
+    return {True: program(True), False: program(False)}
 
   # --- bytes ------------------------------------------------------------------------------------------
   def shared_bytes(self, state: ReplicaState) -> int:
@@ -155,8 +198,16 @@ class Averaging:
     rest = sum(shared_sizes((state.batch_stats, state.opt_state if self.momentum == 'average' else ())))
     params = shared_sizes(state.params)
     if self.compresses:
-      return 4 * rest + self.per_device * sum(wire.encoded_size(n, self.quantize_bits, self.sparsify) for n in params)
+      return 4 * rest + self.gathered_bytes(state)
     return 4 * (rest + sum(params))
+
+  def gathered_bytes(self, state: ReplicaState) -> int:
+    """Bytes one device puts into the all-gather of encoded shared parameters (or updates): each of its
+    workers' buffers; 0 without compression."""
+    if not self.compresses:
+      return 0
+    return self.per_device * sum(wire.encoded_size(n, self.quantize_bits, self.sparsify)
+                                 for n in shared_sizes(state.params))
 
   def stats_bytes(self, state: ReplicaState) -> int:
     """Bytes of one worker's shared BatchNorm statistics (float32)."""
@@ -165,7 +216,7 @@ class Averaging:
   def codec(self, state: ReplicaState, g: SlotGroup | None = None) -> wire.Codec | None:
     """How a block's row (of group g, default the first) is encoded on the wire (parameters compressed), or
     None."""
-    if not self.compresses:
+    if not self.compresses or self.updates:  # compressed updates: a moving block travels whole (outer.py)
       return None
     g = g or self.layout.groups[0]
     sizes = [int(np.prod(x.shape[2:])) for path, x in jax.tree_util.tree_flatten_with_path(state.params)[0]
@@ -192,10 +243,10 @@ class Averaging:
         sent, received = sent + out, received + into
     reduce = self.shared_bytes(state) if devices > 1 else 0
     sync = (round_index + 1) % self.stats_every == 0
-    if not sync:  # the statistics stay out of this round's all-reduce
+    if not sync:  # the statistics stay out of this round's all-reduce (a program without them)
       reduce -= self.stats_bytes(state) if devices > 1 else 0
-    new = self.finish(state, tuple(moved), put_workers(nxt), np.bool_(sync))
-    return new, Traffic(sent, received, reduce)
+    new = self.finish[sync](state, tuple(moved), put_workers(nxt))
+    return new, Traffic(sent, received, reduce, self.gathered_bytes(state) if devices > 1 else 0, devices)
 
   # --- the whole network ----------------------------------------------------------------------------
   @functools.cached_property
@@ -209,7 +260,7 @@ class Averaging:
 
   def _whole(self, params, stats, member):
     layout = self.layout
-    mean = lambda tree: {n: jax.tree.map(self.mean, v) for n, v in tree.items() if n not in layout.keys}
+    mean = lambda tree: {n: jax.tree.map(self.shared.mean, v) for n, v in tree.items() if n not in layout.keys}
     out_params, out_stats = mean(params), mean(stats)
     if layout.index:
       everyone = jax.lax.all_gather(member, AXIS, tiled=True)  # (S, P)

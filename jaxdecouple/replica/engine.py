@@ -27,6 +27,7 @@ from jaxdecouple.models.slots import slot_apply
 from jaxdecouple.optim import Optimizer
 from jaxdecouple.replica.averaging import AXIS, Averaging, Traffic
 from jaxdecouple.replica.layout import Layout, ReplicaState, slot_key
+from jaxdecouple.replica.outer import OuterOptimizer
 from jaxdecouple.replica.partition import test_time_scale
 
 
@@ -50,10 +51,19 @@ class ReplicaSpec:
   test_time_scale: bool = True  # scale the partitioned blocks' residual branches at test time
   stats_every: int = 1          # rounds between averagings of the shared layers' BatchNorm statistics
   scope: str = 'third_section'  # which blocks are partitioned: third_section | every_section (A.1's naive)
+  outer_lr: float = 1.0         # the outer optimizer (outer.py); lr 1 and momentum 0: plain averaging
+  outer_momentum: float = 0.0
+  outer_nesterov: bool = True
+  compress: str = 'weights'     # what quantize_bits / sparsify apply to: weights | updates (outer.py)
+  error_feedback: bool = True   # compressed updates: carry what was not sent into the next round
 
   @property
   def compresses(self) -> bool:
     return bool(self.quantize_bits or self.sparsify)
+
+  @property
+  def outer(self) -> OuterOptimizer:
+    return OuterOptimizer(self.outer_lr, self.outer_momentum, self.outer_nesterov)
 
 
 class Replica:
@@ -71,7 +81,8 @@ class Replica:
     self.per_device = spec.num_workers // d
     self.sharded = NamedSharding(self.mesh, P(AXIS))
     self.averaging = Averaging(self.layout, self.mesh, self.per_device, optimizer.init if optimizer else None,
-                               spec.momentum, spec.quantize_bits, spec.sparsify, spec.stats_every)
+                               spec.momentum, spec.quantize_bits, spec.sparsify, spec.stats_every, spec.outer,
+                               spec.compress == 'updates', spec.error_feedback)
     self.orders: list[TrainOrder] = []
     self.last_traffic: Traffic | None = None
     self.announce = True  # log the first round's measured bytes (off for a warm-up's engine)
@@ -84,9 +95,10 @@ class Replica:
       return jax.make_array_from_callback(x.shape, self.sharded, lambda idx: x[idx])
     return jax.tree.map(put, tree)
 
-  def state_from(self, params, batch_stats, opt_state, round_index: int = 0) -> ReplicaState:
+  def state_from(self, params, batch_stats, opt_state, round_index: int = 0, outer_momentum=None) -> ReplicaState:
     """The workers' state holding one network (host arrays, block name -> subtree) as of ``round_index``'s
-    partition; ``opt_state``: the optimizer state of that network, or None for a fresh one."""
+    partition; ``opt_state``: the optimizer state of that network, or None for a fresh one; likewise
+    ``outer_momentum`` (the round's anchor is the network itself, its unsent error zero)."""
     member = self.layout.membership(round_index)
     p = self.layout.to_workers(params, member)
     # one optimizer state per worker (a step count too, for the optimizers that keep one), as the optimizer
@@ -94,18 +106,21 @@ class Replica:
     fresh = jax.device_get(jax.vmap(self.optimizer.init)(p))
     o = fresh if opt_state is None else self.layout.per_parameter_to_workers(
         opt_state, jax.tree.structure(params), member)
+    outer = self.averaging.outer_state(p)
+    if outer_momentum is not None and 'momentum' in outer:
+      outer['momentum'] = self.layout.to_workers(outer_momentum, member)
     return ReplicaState(self.put_workers(p), self.put_workers(self.layout.to_workers(batch_stats, member)),
-                        self.put_workers(o), self.put_workers(member))
+                        self.put_workers(o), self.put_workers(member), self.put_workers(outer))
 
   def init(self, rng: jax.Array, example: Batch) -> ReplicaState:
     variables = jax.device_get(self.model.init(rng, jnp.zeros((1, *example.images.shape[-3:]), jnp.float32)))
     return self.state_from(variables['params'], variables.get('batch_stats', {}), None)
 
   def resident_bytes(self, state: ReplicaState) -> dict:
-    """Bytes of the state's arrays (parameters, statistics, optimizer state) resident on each of this
+    """Bytes of the state's arrays (parameters, statistics, optimizer and outer state) resident on each of this
     process's devices, summed from the arrays' addressable shards."""
     total = {}
-    for leaf in jax.tree.leaves((state.params, state.batch_stats, state.opt_state)):
+    for leaf in jax.tree.leaves((state.params, state.batch_stats, state.opt_state, state.outer)):
       for shard in leaf.addressable_shards:
         total[shard.device] = total.get(shard.device, 0) + shard.data.nbytes
     return total
@@ -199,11 +214,14 @@ class Replica:
       traffic = self.last_traffic
       metrics = {**metrics, 'sent_mb': float(np.mean(traffic.sent)) / 1e6,
                  'received_mb': float(np.mean(traffic.received)) / 1e6,
-                 'all_reduce_mb': traffic.all_reduce / 1e6}
+                 'all_reduce_mb': traffic.all_reduce / 1e6,
+                 'collective_received_mb': traffic.collective_received / 1e6}
       if first:
-        logging.info('first round (measured, per device): %.2f MB of blocks sent and %.2f MB received across '
-                     'devices, %.2f MB into the shared layers\' collective; logged each round as sent_mb, received_mb, '
-                     'all_reduce_mb', metrics['sent_mb'], metrics['received_mb'], metrics['all_reduce_mb'])
+        logging.info('first round (per device): %.2f MB of blocks sent and %.2f MB received across devices '
+                     '(measured), %.2f MB put into the shared layers\' collectives and %.2f MB arriving from them '
+                     '(all-gather: exact; all-reduce: a ring\'s count); logged each round as sent_mb, received_mb, '
+                     'all_reduce_mb, collective_received_mb', metrics['sent_mb'], metrics['received_mb'],
+                     metrics['all_reduce_mb'], metrics['collective_received_mb'])
     return state, metrics
 
   # --- evaluation -------------------------------------------------------------------------------

@@ -27,6 +27,8 @@ class ReplicaState(NamedTuple):
   opt_state: Any
   membership: Any      # (S, P) bool: worker w runs partitioned block b this round (groups side by side); ()
                        # for local SGD
+  outer: Any = {}      # the outer optimizer's state in the same layout (replica/outer.py): anchor, momentum,
+                       # unsent error; {} for plain averaging
 
 
 def slot_count(num_blocks: int, num_workers: int, min_depth: int = 0) -> int:

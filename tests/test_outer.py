@@ -1,0 +1,208 @@
+"""The outer optimizer (DiLoCo's Nesterov step on the round's average change) and compressed updates with
+error feedback, for local SGD and ResIST: the formula, one round's end against numpy, and whole runs
+against the sequential reference of test_resist.py (which implements the same definitions on its own)."""
+import jax
+import numpy as np
+import pytest
+
+from conftest import assert_trees_close, assert_trees_equal
+from test_resist import (initial_state, noisy, numpy_compress, reference_replica, replica_config, stored_part,
+                         worker_variables)
+from jaxdecouple.errors import ConfigError
+from jaxdecouple.replica import SLOTS, compress
+from jaxdecouple.replica.outer import OuterOptimizer
+from jaxdecouple.train import train_and_evaluate
+
+DILOCO = {'replica.outer_lr': 0.7, 'replica.outer_momentum': 0.9}
+
+
+# --- the formula ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('nesterov', [True, False])
+def test_the_outer_step_is_diloco_s(nesterov):
+  """Two rounds by hand (arXiv:2311.08105, Algorithm 1 with PyTorch's SGD momentum buffer): delta = anchor -
+  average, m = mu m + delta, anchor - eta (delta + mu m) with Nesterov, anchor - eta m without."""
+  outer = OuterOptimizer(0.7, 0.9, nesterov)
+  anchor, m = np.array([1.0, -2.0, 3.0], np.float32), np.zeros(3, np.float32)
+  for average in (np.array([0.5, -1.0, 3.5], np.float32), np.array([0.2, 0.0, 3.0], np.float32)):
+    got, got_m = outer.step(anchor, anchor - average, m)
+    delta = anchor.astype(np.float64) - average
+    m = 0.9 * m + delta
+    want = anchor - 0.7 * (delta + 0.9 * m if nesterov else m)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)  # float32 arithmetic
+    np.testing.assert_allclose(got_m, m, rtol=1e-6, atol=1e-6)
+    anchor, m = np.asarray(got), np.asarray(got_m, np.float32)
+  plain = OuterOptimizer()
+  assert plain.plain and not outer.plain
+  np.testing.assert_allclose(plain.step(anchor, anchor - average, None)[0], average, rtol=1e-6)
+
+
+# --- one round's end against numpy ----------------------------------------------------------------
+
+@pytest.mark.parametrize('nesterov', [True, False])
+def test_a_rounds_outer_step_matches_numpy(nesterov):
+  """Noise in every worker's parameters and in the (common) anchor and outer momentum, minimum depth 2 so
+  some blocks have two holders, then one round's end: every shared layer and every block of each worker's
+  next sub-network is the outer step of its anchor and the mean over the round's holders; its outer momentum
+  arrives with it (a block that changes worker brings its momentum along); the next anchor is the result."""
+  config = replica_config('resist', **DILOCO, **{'replica.min_depth': 2, 'replica.outer_nesterov': nesterov})
+  method, state = initial_state(config)
+  engine, layout = method.engine, method.engine.layout
+  member, nxt = np.asarray(state.membership), layout.membership(1)
+  assert (member.sum(axis=0) > 1).any()
+  rng = np.random.default_rng(0)
+  shapes = layout.network_shapes(state.params)
+  anchor_net = jax.tree.map(lambda s: rng.normal(size=s.shape).astype(np.float32), shapes)
+  m_net = jax.tree.map(lambda s: rng.normal(size=s.shape).astype(np.float32), shapes)
+  params = noisy(state.params, 1)
+  state = state._replace(params=engine.put_workers(params), outer=engine.put_workers(
+      {'anchor': layout.to_workers(anchor_net, member), 'momentum': layout.to_workers(m_net, member)}))
+  out = engine.aggregate(state, 0)
+  views = [layout.worker_network(params, member, v) for v in range(4)]
+  for w in range(4):
+    got = lambda tree: layout.worker_network(jax.device_get(tree), nxt, w)
+    names = list(got(out.params))
+    assert sorted(n for n in names if n in engine.partitioned) == sorted(engine.partitioned[b]
+                                                                          for b in np.flatnonzero(nxt[w]))
+    want_p, want_m = {}, {}
+    for n in names:
+      average = jax.tree.map(lambda *xs: np.mean(xs, axis=0), *[v[n] for v in views if n in v])
+      delta = jax.tree.map(lambda a, x: a - x, anchor_net[n], average)
+      want_m[n] = jax.tree.map(lambda m, d: 0.9 * m + d, m_net[n], delta)
+      step = jax.tree.map(lambda d, m: d + 0.9 * m, delta, want_m[n]) if nesterov else want_m[n]
+      want_p[n] = jax.tree.map(lambda a, u: a - 0.7 * u, anchor_net[n], step)
+    assert_trees_close(got(out.params), want_p, tol=1e-5)
+    assert_trees_close(got(out.outer['momentum']), want_m, tol=1e-5)
+    assert_trees_equal(got(out.outer['anchor']), got(out.params))
+  held = (out.params[SLOTS], out.outer['anchor'][SLOTS], out.outer['momentum'][SLOTS])
+  for w in range(4):  # a leftover slot stays zero, its outer state too
+    for j in range(nxt[w].sum(), layout.slots):
+      assert all((np.asarray(x)[w, j] == 0).all() for x in jax.tree.leaves(held))
+
+
+def assert_codec_close(got, want, sent, bits):
+  """Equal to 1e-5, except that a value on the midpoint between two grid points of the codec may round to
+  either in two compilations (the engine's fused program, ``compress`` alone): at most 1 value in 1000 of a
+  leaf, each at most one grid step (the range of what was sent / (2**bits - 1)) apart."""
+  for i, ((path, x), y) in enumerate(zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want))):
+    off = np.abs(np.asarray(x) - np.asarray(y))
+    step = max(float(np.ptp(jax.tree.leaves(v)[i])) for v in sent) / (2 ** bits - 1)
+    assert np.mean(off > 1e-5) <= 1e-3 and off.max() <= step * 1.001, (jax.tree_util.keystr(path), off.max(), step)
+
+
+@pytest.mark.parametrize('method,bits,keep', [('localsgd', 8, 0.25), ('resist', 4, 0.0)])
+def test_compressed_updates_with_error_feedback_match_numpy(method, bits, keep):
+  """Each worker sends its shared layers' change plus the error it failed to send before, compressed (the
+  paper's A.5 codec: top fraction, a few bits); what arrives is averaged into the pseudo-gradient; each worker
+  keeps what it failed to send. Two rounds, so the error fed back is a real one. ResIST's blocks travel whole
+  and uncompressed in this mode (their next owner holds no copy to add a change to). The codec is the
+  library's ``compress`` (itself held to numpy's definition in test_resist.py): numpy's float64 rounding
+  lands a few values on the other side of a grid point, one step apart."""
+  config = replica_config(method, **{'replica.compress': 'updates', 'replica.quantize_bits': bits,
+                                     'replica.sparsify': keep})
+  m, state = initial_state(config)
+  engine, layout = m.engine, m.engine.layout
+  assert engine.averaging.codec(state) is None
+  shared = lambda tree: {n: v for n, v in tree.items() if n not in layout.keys}
+  anchor = jax.device_get(shared(state.outer['anchor']))
+  error = [jax.tree.map(lambda x: np.zeros_like(x[w]), anchor) for w in range(4)]
+  codec = jax.jit(lambda tree: jax.tree.map(lambda x: compress(x, bits, keep), tree))  # one compilation
+  for r in range(2):
+    params = noisy(state.params, 10 + r)
+    member = np.asarray(state.membership) if layout.keys else None
+    state = state._replace(params=engine.put_workers(params))
+    state = engine.aggregate(state, r)
+    arrived, sent = [], []
+    for w in range(4):
+      v = jax.tree.map(lambda a, p, e: a[w] - p[w] + e, anchor, shared(params), error[w])
+      sent.append(v)
+      arrived.append(jax.device_get(codec(v)))
+      error[w] = jax.tree.map(lambda x, c: x - c, v, arrived[-1])
+    delta = jax.tree.map(lambda *xs: np.mean(xs, axis=0), *arrived)
+    want = jax.tree.map(lambda a, d: a[0] - d, anchor, delta)
+    got = jax.device_get(shared(state.params))
+    for w in range(4):
+      assert_codec_close(jax.tree.map(lambda x: x[w], got), want, sent, bits)
+      assert_codec_close(jax.tree.map(lambda x: x[w], jax.device_get(state.outer['error'])), error[w], sent, bits)
+    anchor = got
+    if layout.keys:  # blocks: the plain average over their holders, uncompressed
+      nxt = layout.membership(r + 1)
+      views = [layout.worker_network(params, member, v) for v in range(4)]
+      for w in range(4):
+        mine = layout.worker_network(jax.device_get(state.params), nxt, w)
+        for n in engine.partitioned:
+          if n in mine:
+            assert_trees_close(mine[n], jax.tree.map(lambda *xs: np.mean(xs, axis=0),
+                                                     *[v[n] for v in views if n in v]), tol=1e-6)
+
+
+def test_plain_averaging_keeps_no_outer_state_and_its_numbers():
+  """outer lr 1 and momentum 0 (the defaults, or written out) is today's averaging: no outer state, the
+  same program, the same numbers bit for bit."""
+  results = []
+  for extra in ({}, {'replica.outer_lr': 1.0, 'replica.outer_momentum': 0.0, 'replica.outer_nesterov': False}):
+    method, state = initial_state(replica_config('resist', **extra))
+    assert state.outer == {} and not method.engine.averaging.tracks
+    state = state._replace(params=method.engine.put_workers(noisy(state.params, 5)))
+    results.append(jax.device_get(method.engine.aggregate(state, 0)))
+  assert_trees_equal(results[0], results[1])
+
+
+# --- whole runs against the sequential reference ------------------------------------------------------
+
+def check_against_reference(result, tol=1e-3):
+  """Every worker's stored variables equal the reference's (test_resist's tolerance note applies)."""
+  config = result.method.setup.config
+  reference = reference_replica(config, config.max_steps, partition=config.method == 'resist')
+  for w in range(config.replica.num_workers):
+    mine = worker_variables(result, w)
+    assert_trees_close(mine, stored_part(reference[w], mine), tol=tol)
+
+
+def test_resist_with_the_outer_optimizer_matches_the_reference(resist_outer_run):
+  """4 workers on 4 devices, L = 2, 5 steps: two outer steps (the run the two-process test compares with);
+  plain averaging's reference is far from it."""
+  check_against_reference(resist_outer_run)
+  assert set(resist_outer_run.state.outer) == {'anchor', 'momentum'}
+  with pytest.raises(AssertionError):
+    plain = replica_config('resist')
+    mine = worker_variables(resist_outer_run, 0)
+    assert_trees_close(mine, stored_part(reference_replica(plain, 5)[0], mine), tol=1e-3)
+
+
+@pytest.mark.parametrize('method,workers,extra', [
+    ('resist', 1, {}),
+    ('localsgd', 3, {'replica.outer_nesterov': False, 'replica.compress': 'updates', 'replica.quantize_bits': 4}),
+])
+def test_outer_runs_match_the_reference(method, workers, extra, workdir):
+  """S = 1 (the outer step alone: a Lookahead with Nesterov momentum) and local SGD with S = 3, plain
+  momentum and 4-bit compressed updates with error feedback."""
+  check_against_reference(train_and_evaluate(replica_config(method, workers=workers, **DILOCO, **extra), workdir))
+
+
+def test_a_resumed_outer_run_on_fewer_devices_matches_the_reference(workdir):
+  """ResIST, 4 workers looped two to a device on 2 devices, outer optimizer and 25%-kept 8-bit updates:
+  stopped after step 3 (mid-round, a checkpoint holding the anchor, outer momentum and unsent error) and
+  resumed to step 5, it equals the reference's 5 uninterrupted steps."""
+  extra = {**DILOCO, 'replica.num_devices': 2, 'replica.compress': 'updates', 'replica.quantize_bits': 8,
+           'replica.sparsify': 0.25}
+  train_and_evaluate(replica_config('resist', steps=3, **extra), workdir)
+  result = train_and_evaluate(replica_config('resist', steps=5, **extra), workdir)
+  assert result.method.engine.per_device == 2 and set(result.state.outer) == {'anchor', 'momentum', 'error'}
+  check_against_reference(result)
+
+
+# --- bad input --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('method,overrides,field', [
+    ('resist', {'replica.outer_lr': 0.0}, 'replica.outer_lr'),
+    ('localsgd', {'replica.outer_lr': 20.0}, 'replica.outer_lr'),
+    ('resist', {'replica.outer_momentum': 1.0}, 'replica.outer_momentum'),
+    ('ensemble', {'replica.outer_momentum': 0.9}, 'replica.outer_lr'),
+    ('resist', {'replica.compress': 'gradients'}, 'replica.compress'),
+    ('localsgd', {'replica.compress': 'updates'}, 'replica.compress'),
+    ('ensemble', {'replica.compress': 'updates', 'replica.sparsify': 0.25}, 'replica.compress'),
+])
+def test_bad_outer_settings_are_refused(method, overrides, field, workdir):
+  with pytest.raises(ConfigError, match=field.replace('.', r'\.')):
+    train_and_evaluate(replica_config(method, **overrides), workdir)
