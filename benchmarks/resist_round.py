@@ -3,6 +3,7 @@
   python benchmarks/resist_round.py --model=preact_s3_9 --batch=32 --local_steps=10 --workers=2,4 --cpu_devices=4
   python benchmarks/resist_round.py --table1 --cpu_devices=8      # ResNet-101 bytes against the paper's Table 1
   python benchmarks/resist_round.py --table1 --cpu_devices=8 --quantize_bits=8   # the same, 8 bits on the wire
+  python benchmarks/resist_round.py --table1 --cpu_devices=8 --outer_lr=0.7 --outer_momentum=0.9   # DiLoCo's outer step
 
 A round is L local iterations and the repartition (the engine's own ``step``, as training runs it). For
 each S and method, after one untimed round (compilation): the median over --rounds of the local step's
@@ -14,7 +15,10 @@ summed from the arrays' addressable shards). Workers sit one to a device (S <= -
 --table1: no training; the pre-activation ResNet-101 of the paper (CIFAR-100 head) at S = 2, 4, 8, one
 repartition each, float32. "measured" is the bytes that crossed a device boundary, summed over devices,
 both ends counted as the paper does (each worker sends and receives): blocks sent plus received, and twice
-the shared layers' collective per device. "Table 1's count" is the paper's model (every worker sends all
+the shared layers' collective per device (what each device put in: the paper's convention). "in + out" counts
+each device's bytes in and out of the collectives as they arrive: an all-gather brings every other device's
+buffer (exact), a float32 all-reduce is counted as a ring moves it (2 (D - 1) / D of its bytes each way).
+"Table 1's count" is the paper's model (every worker sends all
 it trained and receives all its next sub-network, parameters only) computed from the shapes. Prints one
 JSON line per measurement, then a markdown table.
 
@@ -33,7 +37,7 @@ import statistics
 import sys
 import time
 
-TABLE1 = {2: (0.662, 0.454), 4: (1.325, 0.720), 8: (2.649, 1.289)}  # local SGD, ResIST, GB per round
+TABLE1 = {2: (0.662, 0.454), 4: (1.325, 0.720), 8: (2.649, 1.289)}  # local SGD, ResIST, GB per round (none at other S)
 
 
 def parse_args(argv=None):
@@ -49,6 +53,14 @@ def parse_args(argv=None):
   p.add_argument('--table1', action='store_true', help='ResNet-101 bytes at S = 2, 4, 8 against Table 1')
   p.add_argument('--quantize_bits', type=int, default=0, help='send parameters as b-bit codes (4..8; 0: float32)')
   p.add_argument('--sparsify', type=float, default=0.0, help='send only this fraction of each tensor (0: all)')
+  p.add_argument('--compress', default='weights', choices=('weights', 'updates'),
+                 help="what --quantize_bits / --sparsify compress: weights (A.5) or the shared layers' updates")
+  p.add_argument('--update_exchange', default='all_gather', choices=('all_gather', 'two_stage'),
+                 help='with --compress=updates: all_gather or two_stage (bytes that do not grow with S)')
+  p.add_argument('--table1_workers', default='2,4,8', help='--table1: the S values (one process per S gives '
+                 'each its own peak memory)')
+  p.add_argument('--outer_lr', type=float, default=1.0, help='outer learning rate (1 with momentum 0: plain averaging)')
+  p.add_argument('--outer_momentum', type=float, default=0.0, help="outer Nesterov momentum (DiLoCo's 0.9)")
   p.add_argument('--json_out', default='', help='also append the JSON lines to this file')
   return p.parse_args(argv)
 
@@ -73,6 +85,8 @@ def build(method, model, dataset, batch, workers, local_steps, args):
   c.data.source, c.data.synthetic_train_size = 'synthetic', max(4 * batch, 256)
   c.replica.num_workers, c.replica.local_steps, c.replica.num_devices = workers, local_steps, workers
   c.replica.quantize_bits, c.replica.sparsify = args.quantize_bits, args.sparsify
+  c.replica.compress, c.replica.outer_lr, c.replica.outer_momentum = args.compress, args.outer_lr, args.outer_momentum
+  c.replica.update_exchange = args.update_exchange
   try:
     validate(c)
   except ConfigError as e:
@@ -113,6 +127,7 @@ def rounds(args):
                 'sent_mb': round(float(traffic.sent.mean()) / 1e6, 3),
                 'received_mb': round(float(traffic.received.mean()) / 1e6, 3),
                 'collective_mb': round(traffic.all_reduce / 1e6, 3),
+                'collective_received_mb': round(traffic.collective_received / 1e6, 3),
                 'moved_mb': round((float(traffic.sent.mean()) + traffic.all_reduce) / 1e6, 3),
                 'stored_mb': round(statistics.mean(held) / 1e6, 3), 'rounds': args.rounds,
                 'device': str(jax.devices()[0].device_kind), **wire(args)}
@@ -137,7 +152,7 @@ def table1(args):
   import numpy as np
   from jaxdecouple.replica import traffic_model
   results = []
-  for workers in (2, 4, 8):
+  for workers in [int(w) for w in args.table1_workers.split(',')]:
     row = {}
     for method in ('localsgd', 'resist'):
       m, state, _ = build(method, 'preact101', 'cifar100', 8, workers, 50, args)
@@ -146,12 +161,16 @@ def table1(args):
       model = traffic_model(engine, network, 0)['total'] / 1e9
       state = engine.aggregate(state, 0)
       t = engine.last_traffic
-      measured = (float(t.sent.sum() + t.received.sum()) + 2 * len(engine.devices) * t.all_reduce) / 1e9
+      blocks = float(t.sent.sum() + t.received.sum())
+      measured = (blocks + 2 * len(engine.devices) * t.all_reduce) / 1e9
+      in_out = (blocks + 2 * len(engine.devices) * t.collective_received) / 1e9
       held = statistics.mean(engine.resident_bytes(state).values())
       whole = sum(4 * int(np.prod(x.shape)) for x in jax.tree.leaves(network)) * 2  # parameters + momentum
       whole += sum(4 * int(np.prod(x.shape)) for x in jax.tree.leaves(engine.layout.network_shapes(state.batch_stats)))
       row[method] = {'model': 'preact101', 'workers': workers, 'method': method, 'measured_gb': round(measured, 3),
-                     'table1_count_gb': round(model, 3), 'paper_gb': TABLE1[workers][method == 'resist'],
+                     'in_out_gb': round(in_out, 3), 'peak_rss_gb': round(peak_rss() / 1e9, 2),
+                     'table1_count_gb': round(model, 3),
+                     'paper_gb': TABLE1.get(workers, (float('nan'),) * 2)[method == 'resist'],
                      'stored_mb_per_worker': round(held / 1e6, 1), 'stored_fraction': round(held / whole, 3),
                      'device': str(jax.devices()[0].device_kind), **wire(args)}
       emit(row[method], args)
@@ -159,22 +178,43 @@ def table1(args):
       del m, state
   print(f'\nPre-activation ResNet-101 (CIFAR-100), one repartition, {wire_text(args)} on the wire, one worker per '
         'device\n')
-  print('| S | method | measured GB per round | Table 1\'s count GB | paper GB | stored per worker MB | of the whole model |')
-  print('|---|---|---|---|---|---|---|')
+  print('| S | method | measured GB per round | in + out GB | Table 1\'s count GB | paper GB | stored per worker MB '
+        '| of the whole model | peak RSS GB so far |')
+  print('|---|---|---|---|---|---|---|---|---|')
   for r in results:
-    print(f"| {r['workers']} | {r['method']} | {r['measured_gb']:.3f} | {r['table1_count_gb']:.3f} | {r['paper_gb']:.3f} "
-          f"| {r['stored_mb_per_worker']:.1f} | {r['stored_fraction']:.2f} |")
+    print(f"| {r['workers']} | {r['method']} | {r['measured_gb']:.3f} | {r['in_out_gb']:.3f} | {r['table1_count_gb']:.3f} "
+          f"| {r['paper_gb']:.3f} | {r['stored_mb_per_worker']:.1f} | {r['stored_fraction']:.2f} | {r['peak_rss_gb']:.2f} |")
   return results
 
 
 def wire(args) -> dict:
-  return {k: getattr(args, k) for k in ('quantize_bits', 'sparsify') if getattr(args, k)}
+  out = {k: getattr(args, k) for k in ('quantize_bits', 'sparsify') if getattr(args, k)}
+  if args.compress != 'weights':
+    out['compress'] = args.compress
+    if args.update_exchange != 'all_gather':
+      out['update_exchange'] = args.update_exchange
+  if args.outer_lr != 1 or args.outer_momentum:
+    out['outer'] = [args.outer_lr, args.outer_momentum]
+  return out
 
 
 def wire_text(args) -> str:
   parts = ([f'{args.quantize_bits}-bit codes'] if args.quantize_bits else []) + \
       ([f'{args.sparsify:g} of each tensor kept'] if args.sparsify else [])
-  return ', '.join(parts) or 'float32'
+  text = ', '.join(parts) or 'float32'
+  if parts and args.compress == 'updates':
+    text += " (the shared layers' updates with error feedback; blocks float32)"
+    if args.update_exchange == 'two_stage':
+      text += ', two-stage exchange'
+  if args.outer_lr != 1 or args.outer_momentum:
+    text += f', outer lr {args.outer_lr:g} and momentum {args.outer_momentum:g}'
+  return text
+
+
+def peak_rss() -> int:
+  """The process's peak resident bytes so far (``ru_maxrss``, kilobytes on Linux)."""
+  import resource
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def main(argv=None):
@@ -183,7 +223,7 @@ def main(argv=None):
   import jax
   if args.cpu_devices:
     jax.config.update('jax_num_cpu_devices', args.cpu_devices)
-  need = 8 if args.table1 else max(int(s) for s in args.workers.split(','))
+  need = max(int(s) for s in (args.table1_workers if args.table1 else args.workers).split(','))
   if jax.device_count() < need:
     raise SystemExit(f'resist_round.py: {need} devices needed (one per worker), {jax.device_count()} present; '
                      f'pass --cpu_devices={need} on a CPU')

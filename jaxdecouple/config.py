@@ -127,6 +127,9 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.replica.compress = 'weights'  # what quantize_bits / sparsify compress: weights (the paper's A.5) or updates
                                   # (each worker's change of the shared layers, with error feedback)
   c.replica.error_feedback = True  # compress='updates': carry what was not sent into the next round
+  c.replica.update_exchange = 'all_gather'  # compress='updates': all_gather (each device receives every other
+                                            # worker's buffer) or two_stage (all-to-all of chunks, then an
+                                            # all-gather of their encoded means: bytes that do not grow with S)
 
   c.distributed = ml_collections.ConfigDict()  # several processes (hosts) in one run
   c.distributed.coordinator = ''   # '': one process; 'auto': jax.distributed.initialize() detects

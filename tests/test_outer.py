@@ -9,7 +9,7 @@ from conftest import assert_trees_close, assert_trees_equal
 from test_resist import (initial_state, noisy, numpy_compress, reference_replica, replica_config, stored_part,
                          worker_variables)
 from jaxdecouple.errors import ConfigError
-from jaxdecouple.replica import SLOTS, compress
+from jaxdecouple.replica import SLOTS, compress, wire
 from jaxdecouple.replica.outer import OuterOptimizer
 from jaxdecouple.train import train_and_evaluate
 
@@ -125,6 +125,12 @@ def test_compressed_updates_with_error_feedback_match_numpy(method, bits, keep):
       assert_codec_close(jax.tree.map(lambda x: x[w], got), want, sent, bits)
       assert_codec_close(jax.tree.map(lambda x: x[w], jax.device_get(state.outer['error'])), error[w], sent, bits)
     anchor = got
+    t, gathered = engine.last_traffic, engine.averaging.gathered_bytes(state)
+    assert t.devices == 4 and t.all_gather == gathered == sum(  # each device holds one worker: its buffer
+        wire.encoded_size(int(np.prod(x.shape[1:])), bits, keep) for x in jax.tree.leaves(shared(state.params)))
+    # what arrives from the collectives: the 3 other devices' buffers, and the float32 statistics as a ring
+    # all-reduce moves them; more than the device put in (the figure logged before counted only that)
+    assert t.collective_received == 3 * gathered + 2 * 3 / 4 * (t.all_reduce - gathered) > t.all_reduce
     if layout.keys:  # blocks: the plain average over their holders, uncompressed
       nxt = layout.membership(r + 1)
       views = [layout.worker_network(params, member, v) for v in range(4)]
@@ -180,15 +186,19 @@ def test_outer_runs_match_the_reference(method, workers, extra, workdir):
   check_against_reference(train_and_evaluate(replica_config(method, workers=workers, **DILOCO, **extra), workdir))
 
 
-def test_a_resumed_outer_run_on_fewer_devices_matches_the_reference(workdir):
-  """ResIST, 4 workers looped two to a device on 2 devices, outer optimizer and 25%-kept 8-bit updates:
-  stopped after step 3 (mid-round, a checkpoint holding the anchor, outer momentum and unsent error) and
-  resumed to step 5, it equals the reference's 5 uninterrupted steps."""
+@pytest.mark.parametrize('exchange', ['all_gather', 'two_stage'])
+def test_a_resumed_outer_run_on_fewer_devices_matches_the_reference(exchange, workdir):
+  """ResIST, 4 workers looped two to a device on 2 devices, outer optimizer and 25%-kept 8-bit updates (through
+  the all-gather, or the two-stage exchange with its chunks' own error feedback): stopped after step 3
+  (mid-round, a checkpoint holding the anchor, outer momentum and unsent errors) and resumed to step 5, it
+  equals the reference's 5 uninterrupted steps."""
   extra = {**DILOCO, 'replica.num_devices': 2, 'replica.compress': 'updates', 'replica.quantize_bits': 8,
-           'replica.sparsify': 0.25}
+           'replica.sparsify': 0.25, 'replica.update_exchange': exchange}
   train_and_evaluate(replica_config('resist', steps=3, **extra), workdir)
   result = train_and_evaluate(replica_config('resist', steps=5, **extra), workdir)
-  assert result.method.engine.per_device == 2 and set(result.state.outer) == {'anchor', 'momentum', 'error'}
+  assert result.method.engine.per_device == 2
+  assert set(result.state.outer) == {'anchor', 'momentum', 'error'} | ({'chunk_error'} if exchange == 'two_stage'
+                                                                        else set())
   check_against_reference(result)
 
 
@@ -202,7 +212,36 @@ def test_a_resumed_outer_run_on_fewer_devices_matches_the_reference(workdir):
     ('resist', {'replica.compress': 'gradients'}, 'replica.compress'),
     ('localsgd', {'replica.compress': 'updates'}, 'replica.compress'),
     ('ensemble', {'replica.compress': 'updates', 'replica.sparsify': 0.25}, 'replica.compress'),
+    ('localsgd', {'replica.update_exchange': 'two_stage', 'replica.sparsify': 0.25}, 'replica.update_exchange'),
+    ('localsgd', {'replica.update_exchange': 'ring'}, 'replica.update_exchange'),
 ])
 def test_bad_outer_settings_are_refused(method, overrides, field, workdir):
   with pytest.raises(ConfigError, match=field.replace('.', r'\.')):
     train_and_evaluate(replica_config(method, **overrides), workdir)
+
+
+def test_the_two_stage_exchange_receives_bytes_that_do_not_grow_with_s():
+  """Compressed updates of local SGD (8 bits), one worker per device: through the all-gather each device
+  receives the S - 1 other workers' whole encoded updates; through the two-stage exchange the S - 1 chunks of
+  its own (all-to-all) and the S - 1 encoded chunk means (all-gather), each 1/S of an update: about twice one
+  encoded update whatever S, counted from the arrays each collective is handed."""
+  received = {}
+  for workers in (2, 4):
+    for exchange in ('all_gather', 'two_stage'):
+      config = replica_config('localsgd', workers=workers, **{'replica.compress': 'updates',
+                                                              'replica.quantize_bits': 8,
+                                                              'replica.update_exchange': exchange})
+      method, state = initial_state(config)
+      engine = method.engine
+      engine.aggregate(state, 0)
+      t = engine.last_traffic
+      stats = engine.averaging.stats_bytes(state)
+      assert t.all_reduce - t.all_gather - t.all_to_all == stats  # only the statistics stay float32
+      received[workers, exchange] = t.collective_received - 2 * (workers - 1) / workers * stats
+  whole = sum(wire.encoded_size(int(np.prod(x.shape[1:])), 8, 0.0) for x in jax.tree.leaves(state.params))
+  assert received[2, 'all_gather'] == whole and received[4, 'all_gather'] == 3 * whole
+  for workers in (2, 4):
+    chunk = wire.encoded_size(-(-sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(state.params)) // workers),
+                              8, 0.0)
+    assert received[workers, 'two_stage'] == 2 * (workers - 1) * chunk
+  assert received[4, 'two_stage'] < 1.6 * whole < received[4, 'all_gather']

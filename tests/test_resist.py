@@ -101,6 +101,7 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True, 
   anchor = dict(init['params'])  # every block's value at the round's start, the same on every holder
   outer_m = jax.tree.map(np.zeros_like, dict(init['params']))
   error = [jax.tree.map(np.zeros_like, dict(init['params'])) for _ in range(S)]  # shared layers' unsent change
+  chunk_error = {}  # two-stage exchange: each chunk owner's unsent error of its chunk
   orders = [TrainOrder(len(ds.x_train), config.batch_size, config.seed, stream=w) for w in range(S)]
   pre = Preprocess(ds.mean, ds.std, config.data.crop_padding, config.data.flip, config.data.augment)
   spe = len(ds.x_train) // config.batch_size
@@ -148,15 +149,17 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True, 
                  for n in model.block_names}
       mean = lambda trees, n: tree_mean([trees[w][n] for w in holders[n]])
       new_params = {n: mean(params, n) for n in model.block_names}
+      if updates:
+        shared = [n for n in model.block_names if n not in blocks]
+        changes = [{n: jax.tree.map(lambda a, p, e: np.asarray(a) - np.asarray(p) + (e if r.error_feedback else 0),
+                                    anchor[n], params[w][n], error[w][n]) for n in shared} for w in range(S)]
+        sent, deltas = compressed_updates(changes, r.quantize_bits, r.sparsify, r.update_exchange == 'two_stage',
+                                          chunk_error if r.error_feedback else None)
+        for w in range(S):
+          error[w].update(jax.tree.map(lambda x, c: x - c, changes[w], sent[w]))
       for n in model.block_names if outer else ():
         if updates and n not in blocks:
-          sent = []
-          for w in range(S):
-            v = jax.tree.map(lambda a, p, e: np.asarray(a) - np.asarray(p) + (e if r.error_feedback else 0),
-                             anchor[n], params[w][n], error[w][n])
-            sent.append(jax.tree.map(lambda x: numpy_compress(x, r.quantize_bits, r.sparsify), v))
-            error[w][n] = jax.tree.map(lambda x, c: x - c, v, sent[-1])
-          delta = jax.tree.map(lambda *xs: sum(xs) / S, *sent)
+          delta = deltas[n]
         else:
           delta = jax.tree.map(lambda a, p: np.asarray(a) - np.asarray(p), anchor[n], new_params[n])
         outer_m[n] = jax.tree.map(lambda m, d: mu * m + d, outer_m[n], delta)
@@ -168,6 +171,35 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True, 
       stats = [dict(new_stats) for _ in range(S)]
       momentum = [jax.tree.map(jnp.zeros_like, init['params']) for _ in range(S)]
   return [{'params': p, 'batch_stats': s} for p, s in zip(params, stats)]
+
+
+def compressed_updates(changes, bits, keep, two_stage, chunk_error):
+  """Each worker's change (plus unsent error) of the shared layers sent through the codec. All-gather: each
+  leaf compressed on its own, the arrivals averaged. Two stage: a worker's leaves joined and cut into S
+  chunks, each compressed; chunk j's arrivals averaged by worker j, which adds its unsent error of the chunk
+  (``chunk_error``, updated in place; None: no error feedback) and compresses the result again, which is
+  what everyone gets. Returns (what arrived of each worker's change, the average change)."""
+  S = len(changes)
+  if not two_stage:
+    sent = [jax.tree.map(lambda x: numpy_compress(x, bits, keep), v) for v in changes]
+    return sent, jax.tree.map(lambda *xs: sum(xs) / S, *sent)
+  leaves, treedef = jax.tree.flatten(changes[0])
+  sizes = [int(np.size(x)) for x in leaves]
+  total, c = sum(sizes), -(-sum(sizes) // S)
+  unjoin = lambda flat: treedef.unflatten([flat[a:b].reshape(np.shape(x)) for a, b, x in zip(
+      np.cumsum([0] + sizes)[:-1], np.cumsum(sizes), leaves)])
+  arrived = []
+  for v in changes:
+    joined = np.pad(np.concatenate([np.ravel(x) for x in jax.tree.leaves(v)]), (0, S * c - total))
+    arrived.append(np.concatenate([numpy_compress(joined[j * c:(j + 1) * c], bits, keep) for j in range(S)]))
+  mean = sum(arrived) / S
+  second = []
+  for j in range(S):
+    x = mean[j * c:(j + 1) * c] + (chunk_error.get(j, 0) if chunk_error is not None else 0)
+    second.append(numpy_compress(x, bits, keep))
+    if chunk_error is not None:
+      chunk_error[j] = x - second[-1]
+  return [unjoin(a[:total]) for a in arrived], unjoin(np.concatenate(second)[:total])
 
 
 @functools.partial(jax.jit, static_argnums=0)

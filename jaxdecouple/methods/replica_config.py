@@ -68,6 +68,11 @@ def validate(config, name: str, partition: bool, average: bool) -> None:
   if r.compress == 'updates' and not (r.quantize_bits or r.sparsify):
     fail('replica.compress', "'updates' compresses with replica.quantize_bits and/or replica.sparsify; set one "
          'of them (for example replica.sparsify=0.25)')
+  if r.update_exchange not in ('all_gather', 'two_stage'):
+    fail('replica.update_exchange', f"{r.update_exchange!r} is not allowed; choose all_gather or two_stage")
+  if r.update_exchange == 'two_stage' and r.compress != 'updates':
+    fail('replica.update_exchange', "two_stage exchanges compressed updates; set replica.compress='updates' (and "
+         'replica.quantize_bits or replica.sparsify)')
   if r.compress == 'updates' and not average:
     fail('replica.compress', f'{name} never averages, so it sends no updates (leave it at weights)')
   o = config.optim
@@ -100,7 +105,7 @@ def spec(config, partition: bool, average: bool, redraw: bool) -> ReplicaSpec:
                      stats_every=max(1, r.stats_every_steps // r.local_steps),
                      scope=r.partition if partition else 'third_section', outer_lr=r.outer_lr,
                      outer_momentum=r.outer_momentum, outer_nesterov=r.outer_nesterov, compress=r.compress,
-                     error_feedback=r.error_feedback)
+                     error_feedback=r.error_feedback, update_exchange=r.update_exchange)
 
 
 def devices(section, available):

@@ -13,7 +13,6 @@ the arrays handed to the transfers and to the collectives. ``averaged`` gathers 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,29 +24,8 @@ from jaxdecouple.replica import exchange, wire
 from jaxdecouple.replica.layout import Layout, ReplicaState, in_slots, shared_sizes
 from jaxdecouple.replica.outer import OuterOptimizer
 from jaxdecouple.replica.shared_layers import AXIS, SharedLayers, shared_part
+from jaxdecouple.replica.traffic import Traffic
 
-
-
-class Traffic(NamedTuple):
-  """Bytes one round moved across device boundaries, per device: the blocks' transfers counted from the
-  arrays sent; the shared layers' collectives from the arrays each device put in."""
-  sent: np.ndarray
-  received: np.ndarray
-  all_reduce: int      # bytes of the shared layers each device put into the collectives (float32 and encoded)
-  all_gather: int = 0  # of which encoded buffers, all-gathered (compression on)
-  devices: int = 1
-
-  @property
-  def collective_received(self) -> float:
-    """Bytes arriving at each device from the collectives: every other device's encoded buffers (an
-    all-gather's output less the device's own: exact, whatever the algorithm) plus, for the float32
-    all-reduce, what a ring all-reduce (reduce-scatter then all-gather, the bandwidth-optimal one) moves,
-    2 (D - 1) / D of the reduced bytes: a count of that algorithm, as XLA does not report its own.
-    A device sends as many bytes as it receives."""
-    d = self.devices
-    if d <= 1:
-      return 0.0
-    return 2 * (d - 1) / d * (self.all_reduce - self.all_gather) + (d - 1) * self.all_gather
 
 
 class Averaging:
@@ -55,13 +33,14 @@ class Averaging:
 
   def __init__(self, layout: Layout, mesh: Mesh, per_device: int, optimizer_init=None, momentum: str = 'restart',
                quantize_bits: int = 0, sparsify: float = 0.0, stats_every: int = 1,
-               outer: OuterOptimizer = OuterOptimizer(), updates: bool = False, error_feedback: bool = True):
+               outer: OuterOptimizer = OuterOptimizer(), updates: bool = False, error_feedback: bool = True,
+               two_stage: bool = False):
     self.layout, self.mesh, self.per_device, self.optimizer_init = layout, mesh, per_device, optimizer_init
     self.devices = list(mesh.devices.flat)
     self.num_workers = layout.num_workers
     self.momentum, self.quantize_bits, self.sparsify, self.stats_every = momentum, quantize_bits, sparsify, stats_every
     self.shared = SharedLayers(layout.keys, self.num_workers, per_device, quantize_bits, sparsify, outer, updates,
-                               error_feedback)
+                               error_feedback, two_stage)
     self.outer, self.updates, self.error_feedback = outer, self.shared.updates, self.shared.error_feedback
     self._codecs: list[wire.Codec | None] | None = None  # by group, made at the first round (row widths)
 
@@ -86,6 +65,8 @@ class Averaging:
       state['momentum'] = zeros(params)
     if self.error_feedback:
       state['error'] = zeros(shared_part(self.layout.keys, params))
+      if self.shared.two_stage:  # each worker's unsent error of the chunk it averages
+        state['chunk_error'] = np.zeros((self.num_workers, self.shared.chunk(sum(shared_sizes(params)))), np.float32)
     return state
 
   # --- rows: a slot's block as one flat float32 row -------------------------------------------------
@@ -153,9 +134,9 @@ class Averaging:
     restarted unless averaged; the next round's anchor is where this one ends."""
     shared = lambda tree: jax.tree_util.tree_map_with_path(
         lambda path, x: x if in_slots(path) else jnp.broadcast_to(self.shared.mean(x), x.shape), tree)
-    outer_momentum, error = (), {}
+    outer_momentum, errors = (), {}
     if self.tracks:
-      params, outer_momentum, error = self.shared.outer_step(params, outer)
+      params, outer_momentum, errors = self.shared.outer_step(params, outer)
     else:
       params = self.shared.compressed(params) if self.compresses else shared(params)
     stats = shared(stats) if sync_stats else stats
@@ -170,8 +151,7 @@ class Averaging:
     if self.momentum != 'average':  # restarted: as the optimizer initialises it (zeros for SGD's momentum)
       opt_state = jax.vmap(self.optimizer_init)(params)
     if self.tracks:
-      outer = {'anchor': params, **({'momentum': outer_momentum} if self.outer.momentum else {}),
-               **({'error': error} if self.error_feedback else {})}
+      outer = {'anchor': params, **({'momentum': outer_momentum} if self.outer.momentum else {}), **errors}
     return params, stats, opt_state, outer
 
   @functools.cached_property
@@ -198,16 +178,26 @@ class Averaging:
     rest = sum(shared_sizes((state.batch_stats, state.opt_state if self.momentum == 'average' else ())))
     params = shared_sizes(state.params)
     if self.compresses:
-      return 4 * rest + self.gathered_bytes(state)
+      return 4 * rest + self.gathered_bytes(state) + self.all_to_all_bytes(state)
     return 4 * (rest + sum(params))
 
   def gathered_bytes(self, state: ReplicaState) -> int:
     """Bytes one device puts into the all-gather of encoded shared parameters (or updates): each of its
-    workers' buffers; 0 without compression."""
+    workers' buffers (two-stage: each of its workers' encoded chunk); 0 without compression."""
     if not self.compresses:
       return 0
-    return self.per_device * sum(wire.encoded_size(n, self.quantize_bits, self.sparsify)
-                                 for n in shared_sizes(state.params))
+    bits, keep = self.quantize_bits, self.sparsify
+    if self.shared.two_stage:
+      return self.per_device * wire.encoded_size(self.shared.chunk(sum(shared_sizes(state.params))), bits, keep)
+    return self.per_device * sum(wire.encoded_size(n, bits, keep) for n in shared_sizes(state.params))
+
+  def all_to_all_bytes(self, state: ReplicaState) -> int:
+    """Bytes one device sends to the others in the two-stage exchange's all-to-all (as many arrive): each of
+    its workers' encoded chunks of the workers on other devices; 0 otherwise."""
+    if not self.shared.two_stage:
+      return 0
+    devices = len(self.devices)
+    return self.per_device * (devices - 1) * self.gathered_bytes(state)
 
   def stats_bytes(self, state: ReplicaState) -> int:
     """Bytes of one worker's shared BatchNorm statistics (float32)."""
@@ -246,7 +236,9 @@ class Averaging:
     if not sync:  # the statistics stay out of this round's all-reduce (a program without them)
       reduce -= self.stats_bytes(state) if devices > 1 else 0
     new = self.finish[sync](state, tuple(moved), put_workers(nxt))
-    return new, Traffic(sent, received, reduce, self.gathered_bytes(state) if devices > 1 else 0, devices)
+    many = devices > 1
+    return new, Traffic(sent, received, reduce, self.gathered_bytes(state) if many else 0,
+                        self.all_to_all_bytes(state) if many else 0, devices)
 
   # --- the whole network ----------------------------------------------------------------------------
   @functools.cached_property

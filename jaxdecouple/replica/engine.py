@@ -25,9 +25,10 @@ from jaxdecouple.data import Batch, Preprocess, TrainOrder, train_inputs
 from jaxdecouple.models import Chain, Model
 from jaxdecouple.models.slots import slot_apply
 from jaxdecouple.optim import Optimizer
-from jaxdecouple.replica.averaging import AXIS, Averaging, Traffic
+from jaxdecouple.replica.averaging import AXIS, Averaging
 from jaxdecouple.replica.layout import Layout, ReplicaState, slot_key
 from jaxdecouple.replica.outer import OuterOptimizer
+from jaxdecouple.replica.traffic import Traffic
 from jaxdecouple.replica.partition import test_time_scale
 
 
@@ -56,6 +57,7 @@ class ReplicaSpec:
   outer_nesterov: bool = True
   compress: str = 'weights'     # what quantize_bits / sparsify apply to: weights | updates (outer.py)
   error_feedback: bool = True   # compressed updates: carry what was not sent into the next round
+  update_exchange: str = 'all_gather'  # compressed updates: all_gather | two_stage (bytes constant in S)
 
   @property
   def compresses(self) -> bool:
@@ -82,7 +84,7 @@ class Replica:
     self.sharded = NamedSharding(self.mesh, P(AXIS))
     self.averaging = Averaging(self.layout, self.mesh, self.per_device, optimizer.init if optimizer else None,
                                spec.momentum, spec.quantize_bits, spec.sparsify, spec.stats_every, spec.outer,
-                               spec.compress == 'updates', spec.error_feedback)
+                               spec.compress == 'updates', spec.error_feedback, spec.update_exchange == 'two_stage')
     self.orders: list[TrainOrder] = []
     self.last_traffic: Traffic | None = None
     self.announce = True  # log the first round's measured bytes (off for a warm-up's engine)

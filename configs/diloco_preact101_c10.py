@@ -1,0 +1,18 @@
+"""Local SGD with DiLoCo's outer optimizer: S=4 workers on CIFAR-10, pre-activation ResNet-101, the ResIST
+release's recipe (160 epochs) with each round ended by an outer Nesterov step (lr 0.7, momentum 0.9) on
+the round's average change instead of plain averaging.
+
+python main.py --config=configs/diloco_preact101_c10.py --config.data.path=cifar10.npz
+
+DiLoCo (arXiv:2311.08105): outer lr 0.7, Nesterov momentum 0.9, the settings here. Bytes per round are
+local SGD's (the outer momentum of the shared layers never travels); each worker stores one more copy of
+the network for the anchor and one for the outer momentum (measured: docs/PERFORMANCE.md, "outer
+optimizer"). Accuracy against plain averaging: study cpu_cifar10_resist_outer (docs/STUDIES.md).
+"""
+from jaxdecouple.recipes import resist_release
+
+
+def get_config():
+  c = resist_release('localsgd', 'cifar10', num_workers=4, num_epochs=160)
+  c.replica.outer_lr, c.replica.outer_momentum = 0.7, 0.9
+  return c
