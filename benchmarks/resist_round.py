@@ -4,6 +4,7 @@
   python benchmarks/resist_round.py --table1 --cpu_devices=8      # ResNet-101 bytes against the paper's Table 1
   python benchmarks/resist_round.py --table1 --cpu_devices=8 --quantize_bits=8   # the same, 8 bits on the wire
   python benchmarks/resist_round.py --table1 --cpu_devices=8 --outer_lr=0.7 --outer_momentum=0.9   # DiLoCo's outer step
+  python benchmarks/resist_round.py --round_memory --table1_workers=8 --cpu_devices=8 --sparsify=0.25   # peak memory
 
 A round is L local iterations and the repartition (the engine's own ``step``, as training runs it). For
 each S and method, after one untimed round (compilation): the median over --rounds of the local step's
@@ -51,6 +52,8 @@ def parse_args(argv=None):
   p.add_argument('--rounds', type=int, default=3, help='timed rounds (after one untimed)')
   p.add_argument('--cpu_devices', type=int, default=0, help='split the host CPU into N JAX devices')
   p.add_argument('--table1', action='store_true', help='ResNet-101 bytes at S = 2, 4, 8 against Table 1')
+  p.add_argument('--round_memory', action='store_true', help="ResIST's ResNet-101 alone at the first S of "
+                 '--table1_workers: peak memory before and after one round')
   p.add_argument('--quantize_bits', type=int, default=0, help='send parameters as b-bit codes (4..8; 0: float32)')
   p.add_argument('--sparsify', type=float, default=0.0, help='send only this fraction of each tensor (0: all)')
   p.add_argument('--compress', default='weights', choices=('weights', 'updates'),
@@ -187,6 +190,26 @@ def table1(args):
   return results
 
 
+def round_memory(args):
+  """ResIST's ResNet-101 at the one S of --table1_workers, alone in this process: the peak resident bytes
+  (``ru_maxrss``) once the state is built, then after one round's exchange: what the exchange itself holds."""
+  import jax
+  workers = int(args.table1_workers.split(',')[0])
+  m, state, _ = build('resist', 'preact101', 'cifar100', 8, workers, 50, args)
+  jax.block_until_ready(state)
+  before = peak_rss()
+  state = m.engine.aggregate(state, 0)
+  jax.block_until_ready(state)
+  record = {'model': 'preact101', 'workers': workers, 'method': 'resist', 'peak_rss_gb_before': round(before / 1e9, 2),
+            'peak_rss_gb_after_round': round(peak_rss() / 1e9, 2), 'device': str(jax.devices()[0].device_kind),
+            **wire(args)}
+  emit(record, args)
+  print(f"\nResIST, pre-activation ResNet-101, S = {workers}, {wire_text(args)} on the wire: peak RSS "
+        f"{record['peak_rss_gb_before']:.2f} GB with the state built, {record['peak_rss_gb_after_round']:.2f} GB "
+        'after one round')
+  return [record]
+
+
 def wire(args) -> dict:
   out = {k: getattr(args, k) for k in ('quantize_bits', 'sparsify') if getattr(args, k)}
   if args.compress != 'weights':
@@ -223,10 +246,12 @@ def main(argv=None):
   import jax
   if args.cpu_devices:
     jax.config.update('jax_num_cpu_devices', args.cpu_devices)
-  need = max(int(s) for s in (args.table1_workers if args.table1 else args.workers).split(','))
+  need = max(int(s) for s in (args.table1_workers if args.table1 or args.round_memory else args.workers).split(','))
   if jax.device_count() < need:
     raise SystemExit(f'resist_round.py: {need} devices needed (one per worker), {jax.device_count()} present; '
                      f'pass --cpu_devices={need} on a CPU')
+  if args.round_memory:
+    return round_memory(args)
   return table1(args) if args.table1 else rounds(args)
 
 

@@ -136,6 +136,7 @@ def get_default_config() -> ml_collections.ConfigDict:
                                    # (TPU pods, SLURM, ...); or 'HOST:PORT' with the two fields below
   c.distributed.num_processes, c.distributed.process_id = 1, 0
   c.distributed.startup_timeout_s = 60.0  # how long a process waits for the others' configs at start-up
+  c.distributed.heartbeat_timeout_s = 30.0  # a process silent this long is declared dead (JAX's default: 100)
   c.distributed.transfer_address = ''  # pipelines, resist: HOST:PORT where this process receives transfers; '':
   # its address toward the coordinator, port = the coordinator's + 1 + process_id (with 'auto': required)
   return c
@@ -280,6 +281,8 @@ def validate(config) -> None:
       fail('distributed.num_processes', f'must be at least 2 with a coordinator, got {d.num_processes}')
     if not d.startup_timeout_s > 0:
       fail('distributed.startup_timeout_s', f'must be positive, got {d.startup_timeout_s}')
+    if not d.heartbeat_timeout_s >= 1:
+      fail('distributed.heartbeat_timeout_s', f'must be at least 1 (seconds), got {d.heartbeat_timeout_s}')
     if not 0 <= d.process_id < d.num_processes:
       fail('distributed.process_id', f'must be in [0, {d.num_processes}), got {d.process_id}')
   if d.transfer_address and (':' not in d.transfer_address or not d.transfer_address.rsplit(':', 1)[1].isdigit()):

@@ -2,13 +2,16 @@
 
 ``start_processes`` joins the run (config.distributed) and sets where this process receives transfers;
 ``agree_on_config`` compares every process's config before any work; ``StopSignal`` turns SIGTERM or Ctrl-C
-into one agreed stop with a checkpoint.
+into one agreed stop with a checkpoint; ``peers_watched`` turns a collective or transfer that failed because
+a peer died into one line naming the process.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
+import time
 
 import jax
 from absl import logging
@@ -46,10 +49,12 @@ def start_processes(d, transfers: bool = False) -> None:
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   if transfers and (d.transfer_address or d.coordinator != 'auto'):  # with 'auto', only when given
     jax.config.update('jax_cross_host_transfer_socket_address', transfer_address(d))
+  beat = max(1, int(round(d.heartbeat_timeout_s)))  # how soon the coordination service declares a silent process dead
   if d.coordinator == 'auto':
-    jax.distributed.initialize()
+    jax.distributed.initialize(heartbeat_timeout_seconds=beat)
   else:
-    jax.distributed.initialize(d.coordinator, num_processes=d.num_processes, process_id=d.process_id)
+    jax.distributed.initialize(d.coordinator, num_processes=d.num_processes, process_id=d.process_id,
+                               heartbeat_timeout_seconds=beat)
   logging.info('process %d of %d; %d local devices, %d in all', jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.device_count())
 
@@ -134,6 +139,51 @@ def agree_on_failure(what: str | None, timeout_s: float = 120.0) -> str | None:
   if found:  # every process stops here
     _leave_together()
   return found
+
+
+# Words of the runtime's errors when a peer went away (gloo's sockets, the coordination service).
+PEER_LOST = ('connection reset', 'connection closed', 'connection refused', 'broken pipe', 'socket closed',
+             'heartbeat', 'unavailable', 'gloo', 'peer')
+
+
+def missing_processes(wait_s: float) -> list[int] | None:
+  """The processes the coordination service no longer counts as alive, asked once a second for at most
+  ``wait_s`` seconds (it notices a dead one within its heartbeat timeout): [] if every one still is; None
+  if the service itself cannot be reached (it lives in process 0)."""
+  from jax._src import distributed
+  client, everyone = distributed.global_state.client, list(range(jax.process_count()))
+  deadline = time.monotonic() + wait_s
+  while True:
+    try:
+      live = client.get_live_nodes(everyone)
+    except Exception:  # noqa: BLE001  the service is gone with its process
+      return None
+    missing = [p for p in everyone if p not in live]
+    if missing or time.monotonic() >= deadline:
+      return missing
+    time.sleep(1.0)
+
+
+@contextlib.contextmanager
+def peers_watched(heartbeat_s: float):
+  """Across processes, a collective or transfer whose peer died fails in the runtime (gloo: 'connection
+  reset by peer') or, if this process waits elsewhere, the coordination service reports the peer's missed
+  heartbeats; either becomes a ProcessError naming the dead process (asked of the service, waiting at most
+  one heartbeat timeout), so that every survivor stops with one line well within a minute, its last
+  checkpoint untouched. Other runtime errors pass through unchanged."""
+  try:
+    yield
+  except jax.errors.JaxRuntimeError as e:
+    text = str(e)
+    if jax.process_count() == 1 or not any(w in text.lower() for w in PEER_LOST):
+      raise
+    missing = missing_processes(heartbeat_s + 5)
+    who = ('process 0 (it runs the coordination service)' if missing is None else
+           f'process {", ".join(map(str, missing))}' if missing else 'another process')
+    first = text.strip().splitlines()[0][:160]
+    raise ProcessError(f'{who} stopped answering during a collective or transfer ({first}): it died or was '
+                       'killed; restart every process with the same --workdir to resume from the last checkpoint') \
+        from None
 
 
 class StopSignal:

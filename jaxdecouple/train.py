@@ -29,7 +29,7 @@ from jaxdecouple.memory import peak_memory
 from jaxdecouple.methods import METHODS, Method, Setup, validate
 from jaxdecouple.models import build_model, count_params
 from jaxdecouple.optim import make_optimizer, make_schedule
-from jaxdecouple.processes import StopSignal, agree_on_config, agree_on_failure, start_processes
+from jaxdecouple.processes import StopSignal, agree_on_config, agree_on_failure, peers_watched, start_processes
 from jaxdecouple.workdir import open_workdir, write_config
 from jaxdecouple.writers import MetricWriter, format_duration
 
@@ -101,7 +101,7 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
   use_cpu_devices(config.cpu_devices)
   start_processes(config.distributed, transfers=METHODS[config.method].transfers)
   agree_on_config(config, config.distributed.startup_timeout_s)
-  with StopSignal(jax.process_count() > 1) as stop:
+  with StopSignal(jax.process_count() > 1) as stop, peers_watched(config.distributed.heartbeat_timeout_s):
     lock = open_workdir(config, workdir, jax.process_index() if jax.process_count() > 1 else None)
     try:
       checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'), config.keep_checkpoints,

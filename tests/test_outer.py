@@ -245,3 +245,18 @@ def test_the_two_stage_exchange_receives_bytes_that_do_not_grow_with_s():
                               8, 0.0)
     assert received[workers, 'two_stage'] == 2 * (workers - 1) * chunk
   assert received[4, 'two_stage'] < 1.6 * whole < received[4, 'all_gather']
+
+
+def test_workers_spread_over_as_many_devices_of_every_process():
+  """The devices the workers run on: the most that divide S, as many from every process (two processes of two
+  devices and two workers: one device of each, not both of process 0's); one process: the first ones."""
+  from types import SimpleNamespace
+  from jaxdecouple.replica.engine import worker_devices
+  devices = [SimpleNamespace(id=i, process_index=i // 2) for i in range(4)]
+  assert [d.id for d in worker_devices(devices, 2)] == [0, 2]
+  assert [d.id for d in worker_devices(devices, 4)] == [0, 1, 2, 3]
+  assert [d.id for d in worker_devices(devices, 6)] == [0, 2]  # 6 workers: 3 on each process's first device
+  with pytest.raises(ValueError, match='spread evenly over 2 processes'):
+    worker_devices(devices, 3)
+  one = [SimpleNamespace(id=i, process_index=0) for i in range(4)]
+  assert [d.id for d in worker_devices(one, 3)] == [0, 1, 2] and [d.id for d in worker_devices(one, 8)] == [0, 1, 2, 3]

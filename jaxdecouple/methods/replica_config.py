@@ -6,10 +6,13 @@ engine is built from, so the engine never sees a config.
 """
 from __future__ import annotations
 
+import jax
+
 from jaxdecouple.errors import fail
 from jaxdecouple.models import build_model
 from jaxdecouple.models.slots import SKIPS
 from jaxdecouple.replica import ReplicaSpec
+from jaxdecouple.replica.engine import worker_devices
 from jaxdecouple.replica.partition import SCOPES, partitioned_groups
 
 
@@ -113,4 +116,10 @@ def devices(section, available):
   n = section.num_devices or len(available)
   if n > len(available):
     fail('replica.num_devices', f'{n} devices asked for but only {len(available)} present')
-  return list(available[:n])
+  if section.num_devices and jax.process_count() > 1:  # as many from every process
+    available = [d for p in range(jax.process_count()) for d in [d for d in available if d.process_index == p][
+        :n // jax.process_count()]]
+  try:
+    return worker_devices(list(available[:n]), section.num_workers)
+  except ValueError as e:
+    fail('replica.num_workers', str(e))

@@ -68,6 +68,21 @@ class ReplicaSpec:
     return OuterOptimizer(self.outer_lr, self.outer_momentum, self.outer_nesterov)
 
 
+def worker_devices(devices: Sequence[jax.Device], num_workers: int) -> list[jax.Device]:
+  """The devices the S workers spread over: the most that divide S (each device then runs as many workers),
+  taken as many from every process, so that no process is left without a worker (its shards would be empty)
+  nor one doing another's work. One process: the first of ``devices``, as many as divide S."""
+  by_process: dict[int, list[jax.Device]] = {}
+  for d in devices:
+    by_process.setdefault(d.process_index, []).append(d)
+  processes, fewest = len(by_process), min(len(v) for v in by_process.values())
+  for n in range(min(len(devices), num_workers), 0, -1):
+    if num_workers % n == 0 and n % processes == 0 and n // processes <= fewest:
+      return [d for p in sorted(by_process) for d in by_process[p][:n // processes]]
+  raise ValueError(f'{num_workers} workers cannot be spread evenly over {processes} processes (every process '
+                   f'holds as many workers); use a multiple of {processes} workers')
+
+
 class Replica:
   """Builds the workers' state and runs local iterations and averaging rounds."""
 
@@ -77,8 +92,9 @@ class Replica:
     self.optimizer, self.schedule, self.preprocess = optimizer, schedule, preprocess
     self.layout = Layout(model, spec.num_workers, spec.seed, spec.partition, spec.scope, spec.min_depth, spec.redraw)
     self.groups, self.partitioned = self.layout.groups, self.layout.partitioned
-    d = max(n for n in range(1, min(len(devices), spec.num_workers) + 1) if spec.num_workers % n == 0)
-    self.mesh = Mesh(np.array(devices[:d]), (AXIS,))
+    chosen = worker_devices(devices, spec.num_workers)
+    d = len(chosen)
+    self.mesh = Mesh(np.array(chosen), (AXIS,))
     self.devices = list(self.mesh.devices.flat)
     self.per_device = spec.num_workers // d
     self.sharded = NamedSharding(self.mesh, P(AXIS))

@@ -1,0 +1,69 @@
+"""A process of a multi-process run dies mid-run: the survivor stops with one line naming it, well within a
+minute, its checkpoints intact, and both restarted resume from the last checkpoint they hold. Local SGD, two
+processes of one CPU device each (gloo collectives, the coordination service on loopback), as a user runs it
+with main.py."""
+import os
+import subprocess
+import sys
+import time
+
+from conftest import communicate_within, scaled_timeout
+from test_multiprocess import free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def command(workdir, port, process_id, max_steps):
+  return [sys.executable, os.path.join(ROOT, 'main.py'), '--config=' + os.path.join(ROOT, 'configs/quickstart.py'),
+          '--config.method=localsgd', '--config.model=preact_tiny', '--config.dataset=cifar10',
+          '--config.data.source=synthetic', '--config.data.synthetic_train_size=256',
+          '--config.data.synthetic_test_size=64', '--config.batch_size=16', '--config.cpu_devices=1',
+          '--config.replica.num_workers=2', '--config.replica.local_steps=2', f'--config.max_steps={max_steps}',
+          '--config.num_epochs=1000', '--config.checkpoint_every_steps=10', '--config.log_every_steps=10',
+          '--config.eval_every_epochs=1000', f'--config.distributed.coordinator=127.0.0.1:{port}',
+          '--config.distributed.num_processes=2', f'--config.distributed.process_id={process_id}',
+          '--config.distributed.heartbeat_timeout_s=10', f'--workdir={workdir}']
+
+
+def start(workdir, max_steps):
+  port = free_port()
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': ''}
+  return [subprocess.Popen(command(workdir, port, i, max_steps), env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True) for i in range(2)]
+
+
+def checkpoints(workdir):
+  folder = os.path.join(workdir, 'checkpoints')
+  return sorted(int(n) for n in os.listdir(folder) if n.isdigit()) if os.path.isdir(folder) else []
+
+
+def test_a_dead_peer_stops_the_survivor_with_one_line_and_a_restart_resumes(tmp_path):
+  workdir = str(tmp_path / 'run')
+  procs = start(workdir, 100000)
+  try:
+    deadline = time.monotonic() + scaled_timeout(120)
+    while len(checkpoints(workdir)) < 2:  # two saved (a third may be under way when the peer dies)
+      assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+          'no checkpoints within the limit:\n' + (procs[0].communicate(timeout=5)[0] or '')[-2000:]
+      time.sleep(0.5)
+    procs[1].kill()
+    killed = time.monotonic()
+    out = communicate_within(procs[0], 60, 'waiting for process 0 to stop after process 1 was killed')[0]
+    took = time.monotonic() - killed
+  finally:
+    for p in procs:
+      p.kill()
+      p.communicate()
+  assert procs[0].returncode == 2, out[-3000:]
+  last = [line for line in out.splitlines() if line.startswith('error:')]
+  assert len(last) == 1 and last[0].startswith('error: process 1 stopped answering'), out[-3000:]
+  assert took <= scaled_timeout(60), f'the survivor took {took:.0f} s'
+  held = checkpoints(workdir)
+  assert held, 'the checkpoints are gone'
+  # restarted, both resume from the last checkpoint both of them hold, and finish
+  procs = start(workdir, held[-1] + 4)
+  logs = [communicate_within(p, 120, f'waiting for restarted process {i}')[0] for i, p in enumerate(procs)]
+  assert [p.returncode for p in procs] == [0, 0], '\n'.join(log[-2000:] for log in logs)
+  resumed = [line for line in logs[0].splitlines() if 'resumed from the checkpoint at step' in line]
+  assert resumed and int(resumed[0].split('at step ')[1].split()[0]) in held, logs[0][-2000:]
+  assert f'finished at step {held[-1] + 4}' in logs[0]
