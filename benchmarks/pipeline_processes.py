@@ -43,7 +43,7 @@ def child(args) -> dict:
   from jaxdecouple.config import get_default_config
   from jaxdecouple.data import TrainOrder, load_dataset
   from jaxdecouple.methods import METHODS
-  from jaxdecouple.processes import start_processes
+  from jaxdecouple.process_start import start_processes
   from jaxdecouple.train import build_setup
   c = get_default_config()
   c.model, c.batch_size, c.data.source = args.model, args.batch, 'synthetic'

@@ -1,6 +1,7 @@
 """A ResIST worker's training step against a full-model step.
 
   python benchmarks/resist_worker.py --model=preact101 --batch=32 --workers=4 [--with_cond]
+  python benchmarks/resist_worker.py --model=preact101 --batch=32 --workers=4 --speeds=1,1,1,0.5   # a straggler
 
 Times, on one device, jitted training steps (forward, backward and masked update) of: the full model
 with no skipping machinery at all (local SGD's worker step: the reference), the full model through
@@ -15,6 +16,11 @@ row in turn; seconds and ratio are medians over the rounds, with the ratios' ran
 full step, the ratio predicted from the blocks' FLOPs (XLA's
 cost analysis of each block's forward), and the ratio predicted from the measured times (the shared
 layers' step plus as many blocks as the row computes). Prints one JSON line per measurement, then a markdown table.
+
+--speeds: a straggler, simulated: each worker's relative speed; a round of ResIST (each worker its own
+sub-network's measured step) and of local SGD (every worker the full step) is then L steps at that speed
+for each worker, the exchange (--exchange_s) starting when the slowest is done. A model built on the measured
+step times, labelled so in its JSON (``"model": true``); the engine itself runs all workers in one program.
 """
 from __future__ import annotations
 
@@ -41,8 +47,50 @@ def parse_args(argv=None):
   p.add_argument('--iters', type=int, default=5, help='timed iterations (per round)')
   p.add_argument('--rounds', type=int, default=1, help='time every row in R interleaved rounds; the ratio to '
                  'the full step is the median of the R per-round ratios (noisy machines)')
+  p.add_argument('--speeds', default='', help='comma-separated relative speed of each worker (1: as measured; '
+                 "0.5: a straggler at half speed): print a round's wall-clock for ResIST and local SGD, a model "
+                 'from the measured step times')
+  p.add_argument('--local_steps', type=int, default=50, help='L, for the --speeds model')
+  p.add_argument('--exchange_s', type=float, default=0.0, help="a round's exchange seconds, for the --speeds "
+                 'model (measure it with resist_round.py)')
   p.add_argument('--json_out', default='', help='also append the JSON lines to this file')
   return p.parse_args(argv)
+
+
+def round_model(step_seconds, speeds, local_steps: int, exchange_s: float = 0.0) -> dict:
+  """A model (not a measurement) of one round's wall-clock from measured step times: worker w runs its L
+  local steps in L * t_w / v_w seconds (v_w its relative speed), the exchange starts when the slowest is
+  done, and every other worker idles until then. Returns the round's seconds, each worker's busy seconds and
+  the fraction of the workers' time spent idle."""
+  busy = [local_steps * t / v for t, v in zip(step_seconds, speeds)]
+  longest = max(busy)
+  idle = sum(longest - b for b in busy) / (len(busy) * (longest + exchange_s))
+  return {'round_s': longest + exchange_s, 'busy_s': busy, 'idle_fraction': idle}
+
+
+def print_round_model(results, args):
+  """Each method's round with the given per-worker speeds, beside the same with every worker at full speed."""
+  speeds = [float(v) for v in args.speeds.split(',')]
+  if len(speeds) != args.workers or min(speeds) <= 0:
+    raise SystemExit(f'resist_worker.py: --speeds needs {args.workers} positive numbers, got {args.speeds!r}')
+  full = results[0]['seconds']
+  workers = [r['seconds'] for r in results if r['run'].startswith('worker ') and r['skip'] == 'gather']
+  out = []
+  for method, steps in (('resist', workers), ('localsgd', [full] * args.workers)):
+    even = round_model(steps, [1.0] * args.workers, args.local_steps, args.exchange_s)
+    slow = round_model(steps, speeds, args.local_steps, args.exchange_s)
+    out.append({'method': method, 'speeds': speeds, 'local_steps': args.local_steps, 'exchange_s': args.exchange_s,
+                'round_s': round(slow['round_s'], 3), 'round_s_all_full_speed': round(even['round_s'], 3),
+                'idle_fraction': round(slow['idle_fraction'], 3), 'model': True})
+    print(json.dumps(out[-1]), flush=True)
+  print(f"\nA round's wall-clock, a model from the step times above (L = {args.local_steps}, exchange "
+        f"{args.exchange_s:g} s, worker speeds {args.speeds}; the exchange waits for the slowest worker):\n")
+  print('| method | round s | round s, all at full speed | slowdown | workers idle |')
+  print('|---|---|---|---|---|')
+  for r in out:
+    print(f"| {r['method']} | {r['round_s']:.2f} | {r['round_s_all_full_speed']:.2f} | "
+          f"{r['round_s'] / r['round_s_all_full_speed']:.2f}x | {r['idle_fraction']:.0%} |")
+  return out
 
 
 def main(argv=None):
@@ -172,6 +220,8 @@ def main(argv=None):
   print(f'\nThe partitioned blocks hold {flop_share:.2f} of the FLOPs and take {time_share:.2f} of the full step\'s '
         'time (full step minus the shared layers\' step). FLOP ratio: a step predicted from the blocks\' FLOPs; '
         'time-share ratio: predicted from the measured times (shared layers\' step + computed x one block\'s).')
+  if args.speeds:
+    results += print_round_model(results, args)
   return results
 
 

@@ -1,7 +1,6 @@
-"""Several processes in one run: joining it before JAX computes, and stopping all of them together.
+"""Several processes in one run: agreeing before any work, and stopping all of them together.
 
-``start_processes`` joins the run (config.distributed) and sets where this process receives transfers;
-``agree_on_config`` compares every process's config before any work; ``StopSignal`` turns SIGTERM or Ctrl-C
+Joining the run is ``process_start.py``; here ``agree_on_config`` compares every process's config before any work; ``StopSignal`` turns SIGTERM or Ctrl-C
 into one agreed stop with a checkpoint; ``peers_watched`` turns a collective or transfer that failed because
 a peer died into one line naming the process.
 """
@@ -10,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-import socket
 import time
 
 import jax
@@ -22,41 +20,6 @@ from jaxdecouple.errors import ConfigError, ProcessError
 PER_PROCESS = ('distributed.process_id', 'distributed.transfer_address', 'data.path', 'data.idx_dir',
                'data.tfds_data_dir', 'data.tfds_manual_dir', 'data.imagenet_v2_dir', 'data.workers',
                'data.prefetch')
-
-
-def transfer_address(d) -> str:
-  """Where this process receives transfers (pipeline messages, ResIST's blocks) from other processes: ``d.transfer_address``, or this
-  host's address on the route to the coordinator, port = the coordinator's + 1 + process id."""
-  if d.transfer_address:
-    return d.transfer_address
-  host, port = d.coordinator.rsplit(':', 1)
-  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # no packet is sent: it only picks the route
-    try:
-      s.connect((host, int(port)))
-      here = s.getsockname()[0]
-    except OSError:
-      here = socket.gethostbyname(socket.gethostname())
-  return f'{here}:{int(port) + 1 + d.process_id}'
-
-
-def start_processes(d, transfers: bool = False) -> None:
-  """Joins a multi-process run (config.distributed) before JAX computes anything; on CPUs the
-  collectives between processes go through gloo; pipeline stages in different processes send their
-  messages, and ResIST its blocks, with JAX's cross-process transfers, which listen on ``transfer_address``."""
-  if not d.coordinator or jax.distributed.is_initialized():
-    return
-  if jax.config.jax_platforms in (None, '', 'cpu'):
-    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  if transfers and (d.transfer_address or d.coordinator != 'auto'):  # with 'auto', only when given
-    jax.config.update('jax_cross_host_transfer_socket_address', transfer_address(d))
-  beat = max(1, int(round(d.heartbeat_timeout_s)))  # how soon the coordination service declares a silent process dead
-  if d.coordinator == 'auto':
-    jax.distributed.initialize(heartbeat_timeout_seconds=beat)
-  else:
-    jax.distributed.initialize(d.coordinator, num_processes=d.num_processes, process_id=d.process_id,
-                               heartbeat_timeout_seconds=beat)
-  logging.info('process %d of %d; %d local devices, %d in all', jax.process_index(), jax.process_count(),
-               jax.local_device_count(), jax.device_count())
 
 
 def _flat(tree: dict, prefix: str = '') -> dict:

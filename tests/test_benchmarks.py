@@ -73,7 +73,19 @@ def test_throughput_isolates_runs_in_their_own_processes(monkeypatch, capsys):
 
 def test_resist_worker_benchmark_times_each_sub_network(capsys):
   records = load('resist_worker').main(['--model=preact_tiny', '--batch=8', '--workers=2', '--warmup=1',
-                                        '--iters=1', '--rounds=2'])  # --with_cond: test_resist checks cond
+                                        '--iters=1', '--rounds=2', '--speeds=1,0.5', '--local_steps=10',
+                                        '--exchange_s=0.5'])  # --with_cond: test_resist checks cond
+  records, model = records[:-2], records[-2:]
+  # a straggler at half speed: the round waits for it (a model from the measured steps, labelled so)
+  steps = {r['run']: r['seconds'] for r in records}
+  resist_steps = [steps['worker 0 of 2, slots'], steps['worker 1 of 2, slots']]
+  slow = max(10 * resist_steps[0], 20 * resist_steps[1])
+  assert model[0]['method'] == 'resist' and model[0]['model'] is True
+  assert model[0]['round_s'] == pytest.approx(slow + 0.5, abs=2e-3)
+  assert model[0]['round_s_all_full_speed'] == pytest.approx(10 * max(resist_steps) + 0.5, abs=2e-3)
+  full = records[0]['seconds']
+  assert model[1]['round_s'] == pytest.approx(20 * full + 0.5, abs=2e-3)
+  assert model[1]['idle_fraction'] == pytest.approx(10 * full / (2 * (20 * full + 0.5)), abs=2e-3)
   assert records[0]['ratio'] == 1 and records[0]['ratio_range'] == [1, 1]  # the full step: the baseline
   for r in records:
     assert r['ratio_range'][0] <= r['ratio'] <= r['ratio_range'][1] and r['seconds'] > 0
