@@ -21,6 +21,8 @@ def get_default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.method = 'bp'              # see jaxdecouple.methods.METHODS (each checks its own section below)
   c.model = 'resnet56'         # see jaxdecouple.models.MODEL_HELP
+  c.model_init = 'he'          # he (He fan-out convolutions) or torch (PyTorch's defaults, as the ResIST release)
+  c.model_head_norm = True     # pre-activation nets: BN-ReLU before the pooling (False: the ResIST release's head)
   c.scan_blocks = 0            # runs of at least N identical blocks run as one scanned loop (0: never);
                                # ResNet-1202 compiles in seconds instead of minutes (docs/PERFORMANCE.md)
   c.dataset = 'cifar10'        # cifar10, cifar100, fashion_mnist (in memory); imagenet (streamed from JPEGs)
@@ -225,6 +227,12 @@ def validate(config) -> None:
     models.build_model(config.model, 10)
   except ValueError as e:
     fail('model', str(e))
+  _choice(config, 'model_init', ('he', 'torch'))
+  if not config.model_head_norm:
+    try:
+      models.build_model(config.model, 10, head_norm=False)
+    except ValueError as e:
+      fail('model_head_norm', str(e))
   _choice(config, 'dataset', sorted(data.DATASETS))
   _choice(config, 'data.source', data.SOURCES)
   _choice(config, 'data.normalization', ('default', 'adl'))

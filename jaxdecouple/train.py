@@ -79,7 +79,7 @@ def _finite(state) -> bool:
 def build_setup(config, dataset) -> Setup:
   model = build_model(config.model, dataset.num_classes,
                       scan_min=config.scan_blocks if METHODS[config.method].scans_blocks else 0,
-                      dtype=config.compute_dtype)
+                      dtype=config.compute_dtype, init=config.model_init, head_norm=config.model_head_norm)
   steps_per_epoch = len(dataset.x_train) // config.batch_size
   if dataset.streamed:  # crops and flips were made on the host as the JPEGs were decoded
     preprocess = Preprocess(tuple(dataset.mean), tuple(dataset.std), 0, False, False)

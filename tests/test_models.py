@@ -138,3 +138,35 @@ def test_scanned_runs_give_the_unrolled_numbers():
   assert sorted(p2['params'])[:2] == ['head', 's1b1..s1b2']
   np.testing.assert_allclose(second.apply(p2, y1, train=True)[0], y_scan, rtol=1e-5, atol=1e-5)
   assert_trees_equal(relayout([p1, p2], scanned.chain, shape), v_scan)
+
+
+def test_torch_default_init_and_the_release_head():
+  """model_init='torch': every convolution and linear kernel and the linear bias uniform in +-1/sqrt(fan_in)
+  (PyTorch's kaiming_uniform with a = sqrt(5)), BatchNorm untouched; model_head_norm=False drops the
+  pre-activation head's BN-ReLU (the ResIST release's head); other networks refuse it with one line."""
+  import jax.numpy as jnp
+  from jaxdecouple.errors import ConfigError
+  from jaxdecouple.config import get_default_config, validate
+  torch = build_model('preact_tiny_s3_9', 10, init='torch', head_norm=False)
+  variables = torch.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+  he = build_model('preact_tiny_s3_9', 10).init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+  for path, x in jax.tree_util.tree_flatten_with_path(variables['params'])[0]:
+    name = jax.tree_util.keystr(path)
+    if 'kernel' in name or ('Dense' in name and 'bias' in name):
+      fan_in = int(np.prod(x.shape[:-1])) if 'kernel' in name else \
+          int(variables['params']['head']['Dense_0']['kernel'].shape[0])
+      bound = 1 / np.sqrt(fan_in)
+      assert np.abs(x).max() <= bound and np.abs(x).max() > 0.9 * bound, name
+      if x.size >= 1000:
+        assert abs(float(np.std(x)) - bound / np.sqrt(3)) < 0.05 * bound, name
+  k = variables['params']['s3b1']['Conv_0']['kernel']
+  assert float(np.std(he['params']['s3b1']['Conv_0']['kernel'])) / float(np.std(k)) == pytest.approx(np.sqrt(6), rel=0.05)
+  assert list(variables['params']['head']) == ['Dense_0'] and 'BatchNorm_0' in he['params']['head']
+  assert torch.apply(variables, jnp.zeros((2, 32, 32, 3)), train=False)[0].shape == (2, 10)
+  for overrides, field in (({'model_init': 'xavier'}, 'model_init'),
+                           ({'model': 'resnet20', 'model_head_norm': False}, 'model_head_norm')):
+    c = get_default_config()
+    for k_, v in overrides.items():
+      c[k_] = v
+    with pytest.raises(ConfigError, match=f'config.{field}:'):
+      validate(c)

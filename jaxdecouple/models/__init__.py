@@ -23,12 +23,24 @@ MODEL_HELP = ('resnet{6n+2} (e.g. resnet20, resnet56, resnet110), resnet18, wrn{
               'imagenet_resnet{18,34,50,101,152}, imagenet_preact101')
 
 
-def build_model(name: str, num_classes: int, scan_min: int = 0, dtype='float32') -> Model:
+def build_model(name: str, num_classes: int, scan_min: int = 0, dtype='float32', init: str = 'he',
+                head_norm: bool = True) -> Model:
   """Builds a registered model; raises ValueError naming the allowed names. ``scan_min`` > 0: runs of at
   least that many identical blocks run as one scanned loop (see models/core.py). ``dtype``: the blocks'
   compute type ('float32' or 'bfloat16': activations and convolutions in bfloat16; parameters, BatchNorm
-  statistics and the logits in float32)."""
+  statistics and the logits in float32). ``init``: 'he' (the modules' own) or 'torch' (PyTorch's defaults,
+  models/core.py). ``head_norm`` False drops a pre-activation network's BN-ReLU before pooling (the ResIST
+  release has none)."""
   model = _build(name, num_classes)
+  if init != 'he':
+    model = dataclasses.replace(model, init_scheme=init)
+  if not head_norm:
+    head = model.chain.modules[-1]
+    if not getattr(head, 'norm', False):
+      raise ValueError(f'{name} has no BatchNorm-ReLU before its pooling to drop; leave it True (only the '
+                       'pre-activation networks have one)')
+    model = dataclasses.replace(model, chain=dataclasses.replace(
+        model.chain, modules=(*model.chain.modules[:-1], head.clone(norm=False))))
   if scan_min:
     model = dataclasses.replace(model, chain=dataclasses.replace(model.chain, scan_min=scan_min))
   if dtype != 'float32':

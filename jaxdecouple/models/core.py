@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 Variables = dict[str, dict[str, Any]]
@@ -177,13 +178,17 @@ class Model:
   # reference stage splits ("S2[:4]") and by width-wise partitions.
   sections: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
   dtype: Any = jnp.float32  # the blocks' compute type (bfloat16: mixed precision; parameters stay float32)
+  init_scheme: str = 'he'   # he: the modules' own (He fan-out convolutions); torch: PyTorch's defaults
 
   @property
   def block_names(self) -> tuple[str, ...]:
     return self.chain.names
 
   def init(self, rng: jax.Array, x: jax.Array) -> Variables:
-    return self.chain.init(rng, x)
+    variables = self.chain.init(rng, x)
+    if self.init_scheme == 'torch':
+      variables = {**variables, 'params': torch_default_init(variables['params'], jax.random.fold_in(rng, 1 << 20))}
+    return variables
 
   def apply(self, variables, x, train: bool):
     return self.chain.apply(variables, x, train)
@@ -200,6 +205,33 @@ class Model:
       raise ValueError(f'stage boundaries must be strictly increasing inside (0, {len(self.chain)}), '
                        f'got {list(boundaries)}')
     return [self.chain.slice(a, b) for a, b in zip(edges, edges[1:])]
+
+
+def torch_default_init(params, rng: jax.Array):
+  """PyTorch's default initialisation (what the ResIST release keeps): every convolution and linear kernel,
+  and every linear bias, uniform in +-1/sqrt(fan_in) (kaiming_uniform with a = sqrt(5); a convolution's fan-in
+  is h * w * in), BatchNorm's scale 1 and bias 0 as before. For a 3x3 convolution the standard deviation is
+  1/sqrt(3 fan_in), 1/sqrt(6) of He fan-out's at equal widths."""
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+  out = []
+  for i, (path, x) in enumerate(leaves):
+    name = path[-1].key if isinstance(path[-1], jax.tree_util.DictKey) else ''
+    dense_bias = name == 'bias' and any(isinstance(k, jax.tree_util.DictKey) and str(k.key).startswith('Dense')
+                                        for k in path)
+    if name == 'kernel' or dense_bias:
+      kernel = x if name == 'kernel' else _sibling_kernel(params, path)
+      fan_in = int(np.prod(kernel.shape[:-1]))
+      bound = 1.0 / np.sqrt(fan_in)
+      x = jax.random.uniform(jax.random.fold_in(rng, i), x.shape, x.dtype, -bound, bound)
+    out.append(x)
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _sibling_kernel(params, path):
+  node = params
+  for k in path[:-1]:
+    node = node[k.key]
+  return node['kernel']
 
 
 def _init_chain_fn(chain: 'Chain', x_shape: jax.ShapeDtypeStruct):
