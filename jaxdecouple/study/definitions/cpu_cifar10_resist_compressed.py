@@ -4,6 +4,7 @@ cpu_cifar10_resist's uncompressed ResIST runs at S=4 (shown again, not rerun; sh
 (ResNet-101, 4 GPUs): accuracy holds down to 6 bits (92.35% uncompressed, 91.91% at 6), slips at 5 (91.35%)
 and collapses at 4 (76.33%). One seed per setting (Table 9 reports one figure per cell)."""
 from jaxdecouple.papers import RESIST, RESIST_QUANTIZED, RESIST_SPARSE_CIFAR100
+from jaxdecouple.config import set_fields
 from jaxdecouple.study.core import SEEDS, Claim, Run, Study
 from jaxdecouple.study.definitions import cpu_cifar10_resist as main
 from jaxdecouple.study.definitions.common import CIFAR10_DATA, CIFAR10_FILE
@@ -17,13 +18,7 @@ SETTINGS = (('8-bit', {'replica.quantize_bits': 8}), ('6-bit', {'replica.quantiz
 def build(overrides):
   base = main.build('resist', WORKERS)
 
-  def b():
-    c = base()
-    for field, value in overrides.items():
-      section, name = field.split('.')
-      c[section][name] = value
-    return c
-  return b
+  return lambda: set_fields(base(), overrides)
 
 
 def study() -> Study:

@@ -5,6 +5,7 @@ then 3 seeds on the proxy and recipe of cpu_cifar10_resist_why (S=2, 16 epochs) 
 ResIST with its shared layers' updates compressed (8 and 4 bits, 25% kept) with error feedback, against
 uncompressed ResIST (A.5's "sparse gradients"; sparsifying the weights cost +18.66 points). Shares
 cpu_cifar10_resist's workdir: its plain local SGD and ResIST runs are shown again, not rerun."""
+from jaxdecouple.config import set_fields
 from jaxdecouple.study.core import SEEDS, Claim, Run, Study
 from jaxdecouple.study.definitions import cpu_cifar10_resist as main
 from jaxdecouple.study.definitions import cpu_cifar10_resist_why as why
@@ -25,12 +26,7 @@ def build(method, workers, epochs, outer=(1.0, 0.0), holdout=0.0, overrides=None
     c = base()
     c.replica.outer_lr, c.replica.outer_momentum = outer
     c.data.holdout = holdout
-    if overrides:
-      c.replica.compress = 'updates'
-      for field, value in overrides.items():
-        section, name = field.split('.')
-        c[section][name] = value
-    return c
+    return set_fields(c, {'replica.compress': 'updates', **overrides}) if overrides else c
   return b
 
 

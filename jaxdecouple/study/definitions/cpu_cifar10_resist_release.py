@@ -6,6 +6,7 @@ the recipe the same except the convolution initialisation (the release keeps PyT
 have, and the test batch (100 images against 1000, with batch statistics at test time). Each is switched to the
 release's in turn, 3 seeds, local SGD and ResIST at S=2; the target is each method within 1.5 points of the
 release's figure."""
+from jaxdecouple.config import set_fields
 from jaxdecouple.study.core import SEEDS, Run, Study
 from jaxdecouple.study.definitions import cpu_cifar10_resist as main
 from jaxdecouple.study.definitions.common import CIFAR10_DATA, CIFAR10_FILE
@@ -22,12 +23,7 @@ SETTINGS = (('ours', {}),
 def build(method, overrides):
   base = main.build(method, 2, epochs=EPOCHS)
 
-  def b():
-    c = base()
-    for field, value in overrides.items():
-      c[field] = value
-    return c
-  return b
+  return lambda: set_fields(base(), overrides)
 
 
 def study() -> Study:
