@@ -14,7 +14,7 @@ import time
 import jax
 from absl import logging
 
-from jaxdecouple.errors import ConfigError, ProcessError
+from jaxdecouple.errors import ConfigError, JaxDecoupleError, ProcessError
 
 # Fields each process may set its own way: who it is, where it listens, where its host keeps the data.
 PER_PROCESS = ('distributed.process_id', 'distributed.transfer_address', 'data.path', 'data.idx_dir',
@@ -127,20 +127,54 @@ def missing_processes(wait_s: float) -> list[int] | None:
     time.sleep(1.0)
 
 
+def reason_of(process: int) -> str | None:
+  """What ``process`` published before it stopped (``tell_the_others``), if anything."""
+  from jax._src import distributed
+  try:
+    return distributed.global_state.client.key_value_try_get(f'jaxdecouple/stopped/{process}')
+  except Exception:  # noqa: BLE001  nothing published, or the service is gone
+    return None
+
+
+def tell_the_others(line: str) -> None:
+  """Publishes why this process stops (its one error line) in the coordinator's key-value store, so that a
+  peer left waiting for it can say why instead of only that it went away."""
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed
+  try:
+    distributed.global_state.client.key_value_set(f'jaxdecouple/stopped/{jax.process_index()}', line)
+  except Exception:  # noqa: BLE001  best effort: the stop goes on
+    pass
+
+
 @contextlib.contextmanager
 def peers_watched(heartbeat_s: float):
   """Across processes, a collective or transfer whose peer died fails in the runtime (gloo: 'connection
-  reset by peer') or, if this process waits elsewhere, the coordination service reports the peer's missed
-  heartbeats; either becomes a ProcessError naming the dead process (asked of the service, waiting at most
-  one heartbeat timeout), so that every survivor stops with one line well within a minute, its last
-  checkpoint untouched. Other runtime errors pass through unchanged."""
+  reset by peer'); that becomes a ProcessError naming the dead process, with the reason it published if it
+  stopped on an error of its own (``tell_the_others``), so that every survivor stops with one line well
+  within a minute, its last checkpoint untouched. A survivor waiting elsewhere is ended by JAX's coordination
+  service at the heartbeat timeout (``distributed.heartbeat_timeout_s``). This process's own error is
+  published for the others. Other runtime errors pass through unchanged."""
   try:
     yield
+  except JaxDecoupleError as e:  # this process stops with one line: the others learn why
+    tell_the_others(str(e))
+    raise
   except jax.errors.JaxRuntimeError as e:
     text = str(e)
     if jax.process_count() == 1 or not any(w in text.lower() for w in PEER_LOST):
       raise
-    missing = missing_processes(heartbeat_s + 5)
+    # Named at once: the coordination service learns of a dead process only at its heartbeat timeout, and
+    # then aborts every survivor (JAX's fatal error), so waiting for it would race our own line. With two
+    # processes the missing one is the other; with more, the service is asked briefly.
+    others = [p for p in range(jax.process_count()) if p != jax.process_index()]
+    missing = others if len(others) == 1 else missing_processes(min(5.0, heartbeat_s / 3))
+    why = [f'process {p}: {r}' for p in range(jax.process_count()) if p != jax.process_index()
+           if (r := reason_of(p))]
+    if why:
+      raise ProcessError(f'another process stopped ({"; ".join(why)}); fix that and restart every process with '
+                         'the same --workdir') from None
     who = ('process 0 (it runs the coordination service)' if missing is None else
            f'process {", ".join(map(str, missing))}' if missing else 'another process')
     first = text.strip().splitlines()[0][:160]
