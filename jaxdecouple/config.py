@@ -112,8 +112,7 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.replica.momentum = 'restart'   # restart (the release) or average (like the parameters)
   c.replica.batch_norm = 'batch'   # batch: batch statistics at train and test (the release); running
   c.replica.quantize_bits = 0  # 4..8: what a worker sends is quantised to this many bits; 0: off
-  c.replica.sparsify = 0.0     # (0, 1): a worker sends only this fraction of its parameters, those of
-                               # largest magnitude (the weights, not their changes); 0: off
+  c.replica.sparsify = 0.0     # (0, 1): a worker sends only this fraction of each tensor (largest magnitude); 0: off
   c.replica.num_devices = 0    # 0: as many as divide num_workers; workers then share devices
   c.replica.warmup_steps = 0   # resist: local SGD (partitioned branches scaled) for this many steps first, a
                                # multiple of local_steps (the paper's section 2.6: a few epochs)
@@ -123,15 +122,13 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.replica.skip = 'gather'    # resist: how blocks a worker does not own are skipped: gather | cond
   c.replica.partition = 'third_section'  # resist: which blocks are dealt out: third_section (the paper's) or
   #   every_section (A.1's naive partition: every block that keeps its input's shape, each section on its own)
-  c.replica.outer_lr = 1.0     # the outer optimizer on the round's average change (DiLoCo: 0.7); with
-  c.replica.outer_momentum = 0.0  # outer momentum 0 and lr 1, plain averaging (DiLoCo: 0.9, Nesterov)
+  c.replica.outer_lr = 1.0     # outer step on the round's average change (DiLoCo: lr 0.7, Nesterov momentum
+  c.replica.outer_momentum = 0.0  # 0.9); lr 1 and momentum 0: plain averaging
   c.replica.outer_nesterov = True
-  c.replica.compress = 'weights'  # what quantize_bits / sparsify compress: weights (the paper's A.5) or updates
-                                  # (each worker's change of the shared layers, with error feedback)
+  c.replica.compress = 'weights'  # what quantize_bits / sparsify compress: weights (A.5) or updates (the change)
   c.replica.error_feedback = True  # compress='updates': carry what was not sent into the next round
-  c.replica.update_exchange = 'all_gather'  # compress='updates': all_gather (each device receives every other
-                                            # worker's buffer) or two_stage (all-to-all of chunks, then an
-                                            # all-gather of their encoded means: bytes that do not grow with S)
+  c.replica.update_exchange = 'all_gather'  # compress='updates': all_gather, or two_stage (chunks all-to-all, then
+                                            # their encoded means all-gathered: bytes constant in S; METHODS.md)
 
   c.distributed = ml_collections.ConfigDict()  # several processes (hosts) in one run
   c.distributed.coordinator = ''   # '': one process; 'auto': jax.distributed.initialize() detects
@@ -228,6 +225,9 @@ def validate(config) -> None:
   except ValueError as e:
     fail('model', str(e))
   _choice(config, 'model_init', ('he', 'torch'))
+  if config.model_init == 'torch' and config.scan_blocks:
+    fail('model_init', "torch initialises each array by its own fan-in, and scanned blocks stack theirs into one "
+         'array; leave scan_blocks at 0 with it')
   if not config.model_head_norm:
     try:
       models.build_model(config.model, 10, head_norm=False)

@@ -22,13 +22,13 @@ from jaxdecouple.errors import ConfigError
 
 
 def check_port_free(address: str, field: str, what: str) -> None:
-  """Stops with one line if ``address`` (HOST:PORT) cannot be listened on here: in use by another program,
-  or not an address of this host."""
-  host, port = address.rsplit(':', 1)
+  """Stops with one line if the port of ``address`` (HOST:PORT) is in use here by another program. Tried on
+  every interface, as the coordinator listens ([::]:PORT): HOST may be a name this host is reached by."""
+  port = address.rsplit(':', 1)[1]
   with socket.socket() as s:
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: a port left in TIME_WAIT is free
     try:
-      s.bind((host if host not in ('localhost',) else '127.0.0.1', int(port)))
+      s.bind(('', int(port)))
     except OSError as e:
       raise ConfigError(f'config.{field}: {address} ({what}) cannot be listened on: {e.strerror or e}; pick a free '
                         'port (or stop the program using it)') from None

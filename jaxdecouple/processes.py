@@ -106,7 +106,7 @@ def agree_on_failure(what: str | None, timeout_s: float = 120.0) -> str | None:
 
 # Words of the runtime's errors when a peer went away (gloo's sockets, the coordination service).
 PEER_LOST = ('connection reset', 'connection closed', 'connection refused', 'broken pipe', 'socket closed',
-             'heartbeat', 'unavailable', 'gloo', 'peer')
+             'heartbeat', 'unavailable')
 
 
 def missing_processes(wait_s: float) -> list[int] | None:

@@ -283,7 +283,7 @@ def resist_outer_run(tmp_path_factory):
 # The longest tests first: pytest-xdist hands tests out in collection order, and a minute-long test
 # handed out last keeps one worker busy while the other has nothing left (about 30 s of the suite).
 SLOW_FIRST = ('test_pipeline_processes.py', 'test_multiprocess.py', 'test_peer_loss.py', 'scanned_blocks', 'test_resist.py',
-              'test_benchmarks.py', 'test_notebook.py')
+              'test_outer.py', 'test_benchmarks.py', 'test_process_start.py', 'test_notebook.py')
 
 
 def pytest_collection_modifyitems(items):

@@ -147,9 +147,9 @@ def test_torch_default_init_and_the_release_head():
   import jax.numpy as jnp
   from jaxdecouple.errors import ConfigError
   from jaxdecouple.config import get_default_config, validate
-  torch = build_model('preact_tiny_s3_9', 10, init='torch', head_norm=False)
+  torch = build_model('preact_tiny', 10, init='torch', head_norm=False)
   variables = torch.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
-  he = build_model('preact_tiny_s3_9', 10).init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+  he = build_model('preact_tiny', 10).init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
   for path, x in jax.tree_util.tree_flatten_with_path(variables['params'])[0]:
     name = jax.tree_util.keystr(path)
     if 'kernel' in name or ('Dense' in name and 'bias' in name):
@@ -164,7 +164,8 @@ def test_torch_default_init_and_the_release_head():
   assert list(variables['params']['head']) == ['Dense_0'] and 'BatchNorm_0' in he['params']['head']
   assert torch.apply(variables, jnp.zeros((2, 32, 32, 3)), train=False)[0].shape == (2, 10)
   for overrides, field in (({'model_init': 'xavier'}, 'model_init'),
-                           ({'model': 'resnet20', 'model_head_norm': False}, 'model_head_norm')):
+                           ({'model': 'resnet20', 'model_head_norm': False}, 'model_head_norm'),
+                           ({'model_init': 'torch', 'scan_blocks': 4}, 'model_init')):
     c = get_default_config()
     for k_, v in overrides.items():
       c[k_] = v

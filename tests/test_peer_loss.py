@@ -1,5 +1,5 @@
 """A process of a multi-process run dies mid-run: the survivor stops with one line naming it, well within a
-minute, its checkpoints intact, and both restarted resume from the last checkpoint they hold. Local SGD, two
+minute, its checkpoints intact (restarting resumes from them exactly: test_pipeline_processes.py). Local SGD, two
 processes of one CPU device each (gloo collectives, the coordination service on loopback), as a user runs it
 with main.py."""
 import os
@@ -37,7 +37,7 @@ def checkpoints(workdir):
   return sorted(int(n) for n in os.listdir(folder) if n.isdigit()) if os.path.isdir(folder) else []
 
 
-def test_a_dead_peer_stops_the_survivor_with_one_line_and_a_restart_resumes(tmp_path):
+def test_a_dead_peer_stops_the_survivor_with_one_line_and_its_checkpoints_intact(tmp_path):
   workdir = str(tmp_path / 'run')
   procs = start(workdir, 100000)
   try:
@@ -58,15 +58,10 @@ def test_a_dead_peer_stops_the_survivor_with_one_line_and_a_restart_resumes(tmp_
   last = [line for line in out.splitlines() if line.startswith('error:')]
   assert len(last) == 1 and last[0].startswith('error: process 1 stopped answering'), out[-3000:]
   assert took <= scaled_timeout(60), f'the survivor took {took:.0f} s'
+  # the checkpoints written before the kill are intact: the survivor left them as they were (a restart
+  # resumes from the newest all processes hold, exactly: test_pipeline_processes' kill -9 test)
   held = checkpoints(workdir)
-  assert held, 'the checkpoints are gone'
-  # restarted, both resume from the last checkpoint both of them hold, and finish
-  procs = start(workdir, held[-1] + 4)
-  logs = [communicate_within(p, 120, f'waiting for restarted process {i}')[0] for i, p in enumerate(procs)]
-  assert [p.returncode for p in procs] == [0, 0], '\n'.join(log[-2000:] for log in logs)
-  resumed = [line for line in logs[0].splitlines() if 'resumed from the checkpoint at step' in line]
-  assert resumed and int(resumed[0].split('at step ')[1].split()[0]) in held, logs[0][-2000:]
-  assert f'finished at step {held[-1] + 4}' in logs[0]
+  assert len(held) >= 2 and all(os.listdir(os.path.join(workdir, 'checkpoints', str(s))) for s in held)
 
 
 def test_a_peer_that_fails_at_start_up_tells_the_others_why(tmp_path):

@@ -76,6 +76,9 @@ def validate(config, name: str, partition: bool, average: bool) -> None:
   if r.update_exchange == 'two_stage' and r.compress != 'updates':
     fail('replica.update_exchange', "two_stage exchanges compressed updates; set replica.compress='updates' (and "
          'replica.quantize_bits or replica.sparsify)')
+  if (r.outer_lr != 1 or r.outer_momentum) and (r.quantize_bits or r.sparsify) and r.compress == 'weights':
+    fail('replica.compress', "an outer optimizer steps on the round's change, so what it compresses is that change: "
+         "set replica.compress='updates' (or drop replica.quantize_bits / replica.sparsify)")
   if r.compress == 'updates' and not average:
     fail('replica.compress', f'{name} never averages, so it sends no updates (leave it at weights)')
   o = config.optim

@@ -245,10 +245,12 @@ class Averaging:
   def averaged(self):
     """The averaged network of the current state (mid-round too), without changing the state: shared
     layers averaged over all workers, each partitioned block over the workers holding it (gathered from
-    their slots)."""
+    their slots); with outer state, the anchor's parameters (the same on every holder)."""
     w = P(AXIS)
     f = jax.shard_map(self._whole, mesh=self.mesh, in_specs=(w, w, w), out_specs=(P(), P()), check_vma=False)
-    return jax.jit(lambda st: f(st.params, st.batch_stats, st.membership))
+    # With an outer optimizer (or compressed updates) the network the run stands at is the anchor, the last
+    # round's outcome (DiLoCo's global parameters), not the workers' mean mid-round
+    return jax.jit(lambda st: f(st.outer['anchor'] if self.tracks else st.params, st.batch_stats, st.membership))
 
   def _whole(self, params, stats, member):
     layout = self.layout

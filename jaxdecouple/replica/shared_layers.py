@@ -70,8 +70,9 @@ class SharedLayers:
     joined and cut into S chunks, are encoded chunk by chunk; chunk j of every worker goes to worker j (an
     all-to-all), which decodes and averages them in worker order, adds its own unsent error of the chunk,
     encodes the result and keeps what it failed to send; an all-gather brings every worker's encoded chunk
-    to everyone. Each device receives about 2 (D - 1) / S of one encoded copy per worker it holds, against
-    (D - 1) whole copies by the all-gather. Returns (the means, (n,) each; what arrived of this device's own
+    to everyone. With one worker per device each device receives about 2 (D - 1) / D encoded copies (the
+    all-to-all's chunks and the all-gather's), whatever S, against D - 1 whole copies by the all-gather; with
+    p workers per device the all-to-all carries p chunks for each of the p workers, p^2 (D - 1) / S copies. Returns (the means, (n,) each; what arrived of this device's own
     workers' values; the chunks' new unsent error, (workers here, c))."""
     bits, keep, S, p = self.quantize_bits, self.sparsify, self.num_workers, self.per_device
     sizes = [v.shape[1] for v in values]
