@@ -232,7 +232,7 @@ def test_the_two_stage_exchange_receives_bytes_that_do_not_grow_with_s():
   its own (all-to-all) and the S - 1 encoded chunk means (all-gather), each 1/S of an update: about twice one
   encoded update whatever S, counted from the arrays each collective is handed."""
   received = {}
-  for workers, exchange in ((2, 'two_stage'), (4, 'all_gather'), (4, 'two_stage')):
+  for workers, exchange in ((2, 'two_stage'), (4, 'two_stage')):  # the all-gather's count: the test above
     config = replica_config('localsgd', workers=workers, **{'replica.compress': 'updates',
                                                             'replica.quantize_bits': 8,
                                                             'replica.update_exchange': exchange})
@@ -244,12 +244,11 @@ def test_the_two_stage_exchange_receives_bytes_that_do_not_grow_with_s():
     assert t.all_reduce - t.all_gather - t.all_to_all == stats  # only the statistics stay float32
     received[workers, exchange] = t.collective_received - 2 * (workers - 1) / workers * stats
   whole = sum(wire.encoded_size(int(np.prod(x.shape[1:])), 8, 0.0) for x in jax.tree.leaves(state.params))
-  assert received[4, 'all_gather'] == 3 * whole
   for workers in (2, 4):
     chunk = wire.encoded_size(-(-sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(state.params)) // workers),
                               8, 0.0)
     assert received[workers, 'two_stage'] == 2 * (workers - 1) * chunk
-  assert received[4, 'two_stage'] < 1.6 * whole < received[4, 'all_gather']
+  assert received[4, 'two_stage'] < 1.6 * whole < 3 * whole  # 3 whole copies: what the all-gather brings at S = 4
 
 
 def test_workers_spread_over_as_many_devices_of_every_process():
