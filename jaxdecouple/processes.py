@@ -144,8 +144,8 @@ def tell_the_others(line: str) -> None:
   from jax._src import distributed
   try:
     distributed.global_state.client.key_value_set(f'jaxdecouple/stopped/{jax.process_index()}', line)
-  except Exception:  # noqa: BLE001  best effort: the stop goes on
-    pass
+  except Exception as e:  # noqa: BLE001  best effort: the stop goes on
+    logging.warning('could not tell the other processes why this one stops (%s)', type(e).__name__)
 
 
 @contextlib.contextmanager
