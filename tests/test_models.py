@@ -146,7 +146,8 @@ def test_torch_default_init_and_the_release_head():
   pre-activation head's BN-ReLU (the ResIST release's head); other networks refuse it with one line."""
   import jax.numpy as jnp
   from jaxdecouple.errors import ConfigError
-  from jaxdecouple.config import get_default_config, validate
+  from jaxdecouple.config import get_default_config
+  from jaxdecouple.config_checks import validate
   torch = build_model('preact_tiny', 10, init='torch', head_norm=False)
   variables = torch.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
   he = build_model('preact_tiny', 10).init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))

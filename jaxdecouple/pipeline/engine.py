@@ -143,13 +143,15 @@ class Pipeline:
     return PipelineState(tuple(new_states)), metrics
 
   def eval_variables(self, state: PipelineState) -> dict:
-    """The whole model's variables on this process's first device (across processes, every process
-    receives every stage's parameters: each evaluates the same model)."""
-    copies = {}
-    for device in ([self.devices[0]] if jax.process_count() == 1 else
-                   [next(d for d in jax.devices() if d.process_index == p) for p in range(jax.process_count())]):
-      copies[device] = [move({'params': st.params, 'batch_stats': st.batch_stats}, device)
-                        for st in state.stages]
-    mine = next(parts for device, parts in copies.items() if is_local(device))
-    return relayout(mine, self.model.chain, self.image_shape)
+    return whole_model(self.model, self.devices, state.stages, self.image_shape)
 
+
+def whole_model(model: Model, devices: Sequence[jax.Device], stages: Sequence[StageState], image_shape) -> dict:
+  """The whole model's variables from its stages' states, on this process's first device (across processes,
+  every process receives every stage's parameters: each evaluates the same model)."""
+  copies = {}
+  for device in ([devices[0]] if jax.process_count() == 1 else
+                 [next(d for d in jax.devices() if d.process_index == p) for p in range(jax.process_count())]):
+    copies[device] = [move({'params': st.params, 'batch_stats': st.batch_stats}, device) for st in stages]
+  mine = next(parts for device, parts in copies.items() if is_local(device))
+  return relayout(mine, model.chain, image_shape)

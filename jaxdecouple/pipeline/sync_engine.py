@@ -1,0 +1,173 @@
+"""The synchronous pipeline engine (GPipe, 1F1B, ZB-H1): K stages on their devices run one iteration's M
+micro-batches in the order ``sync_schedule.SyncSchedule`` gives, then every stage takes one optimizer step
+with its gradient averaged over the micro-batches. Nothing is stale: the update equals back-propagation's
+on the whole batch with the gradient accumulated over M micro-batches, BatchNorm's statistics computed per
+micro-batch (each stage's running statistics move once per micro-batch, in micro-batch order).
+
+The driver dispatches every pass of the iteration in the schedule's order (``dispatch_order``): each device
+queues its stage's passes in that order, and JAX's asynchronous dispatch lets stages on different devices
+run at once, each waiting only for the activation or gradient it needs (a transfer between devices). Each
+pass is its own compiled call: F returns the stage's output and its vjp residuals (``VjpStash``), B applies
+the output's gradient (the loss's 1 at the last stage) and adds the weight gradient to the stage's sum
+(ZB-H1: B the input's gradient only, W the weight gradient later, each its own call, so XLA drops the other
+half). What a stage holds at once is counted from the residuals the driver really keeps
+(``held``), beside the schedule's own count.
+
+Between iterations nothing is in flight: a stage's state is its parameters, statistics and optimizer (the
+``StageState`` of the asynchronous engine, with empty ring and inboxes), so checkpoints, resume and
+evaluation are the same.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdecouple.common import VjpStash, classification_loss
+from jaxdecouple.data import Batch
+from jaxdecouple.models import Model, relayout
+from jaxdecouple.optim import Optimizer
+from jaxdecouple.pipeline.engine import PipelineState, whole_model
+from jaxdecouple.pipeline.placement import is_local, move, place
+from jaxdecouple.pipeline.splits import Split
+from jaxdecouple.pipeline.stage import StageState
+from jaxdecouple.pipeline.sync_schedule import SyncSchedule
+
+
+class SyncStage:
+  """One stage's compiled passes on its device."""
+
+  def __init__(self, index: int, chain, last: bool, device: jax.Device, optimizer: Optimizer, lr: Callable,
+               micro_batches: int):
+    self.index, self.chain, self.last, self.device = index, chain, last, device
+    self.optimizer, self.lr, self.micro_batches = optimizer, lr, micro_batches
+    self.stash = VjpStash()
+    self.forward = jax.jit(self._forward)
+    self.backward = jax.jit(self._backward, donate_argnums=(2,))  # the sum is replaced
+    self.backward_input = jax.jit(lambda residuals, g: self._vjp(residuals, g)[1])
+    self.weight = jax.jit(lambda residuals, g, total: jax.tree.map(jnp.add, total, self._vjp(residuals, g)[0]),
+                          donate_argnums=(2,))
+    self.apply = jax.jit(self._apply, donate_argnums=(0, 1))
+
+  def _forward(self, params, stats, x, labels):
+    """F: the stage's training forward of micro-batch x. Returns (output or None, new statistics, the vjp's
+    residuals, metrics). The last stage's objective is the micro-batch's mean loss."""
+    run = lambda p, x: self.chain.apply({'params': p, 'batch_stats': stats}, x, train=True)
+    if self.last:
+      def f(p, x):
+        logits, s = run(p, x)
+        loss, accuracy = classification_loss(logits, labels)
+        return loss, (s, {'train_loss': loss, 'train_accuracy': accuracy})
+    else:
+      f = lambda p, x: (lambda y, s: (y, (s, {})))(*run(p, x))
+    primals = (params, x) if self.index > 0 else (params,)
+    if self.index == 0:
+      f = (lambda f: lambda p: f(p, x))(f)
+    out, vjp_fn, (stats, metrics) = jax.vjp(f, *primals, has_aux=True)
+    return (None if self.last else out), stats, self.stash.flatten(vjp_fn), metrics
+
+  def _vjp(self, residuals, g):
+    """(weight gradient, input gradient or None) of the kept forward for its output's gradient g."""
+    grads = self.stash.unflatten(residuals)(jnp.ones((), jnp.float32) if self.last else g)
+    return grads[0], (grads[1] if self.index > 0 else None)
+
+  def _backward(self, residuals, g, total):
+    """B (whole): the input's gradient, and the weight gradient added to the stage's sum."""
+    weights, inputs = self._vjp(residuals, g)
+    return jax.tree.map(jnp.add, total, weights), inputs
+
+  def _apply(self, params, opt_state, total, step):
+    """The iteration's optimizer step with the gradient averaged over the micro-batches."""
+    grads = jax.tree.map(lambda x: x / self.micro_batches, total)
+    params, opt_state = self.optimizer.update(grads, opt_state, params, self.lr(step))
+    return params, opt_state
+
+
+class SyncPipeline:
+  """Builds the stages of a split model, its initial state, and runs one synchronous iteration at a time."""
+
+  def __init__(self, model: Model, split: Split, schedule: SyncSchedule, devices: Sequence[jax.Device], *,
+               optimizer: Optimizer, lr: Callable, inputs: Callable):
+    self.model, self.split, self.schedule, self.optimizer, self.inputs = model, split, schedule, optimizer, inputs
+    self.devices = [devices[k % len(devices)] for k in range(schedule.num_stages)]
+    self.stages = [SyncStage(k, c, k == schedule.last, d, optimizer, lr, schedule.micro_batches)
+                   for k, (c, d) in enumerate(zip(model.cut(split.boundaries), self.devices))]
+    self.prepare = jax.jit(lambda images, step: self.inputs(images, step))
+    self.message_bytes: list[int] = []  # per stage: its output and the gradient coming back, one micro-batch
+    self.held: list[int] = [0] * schedule.num_stages  # the most residuals the last iteration kept at once
+    self.held_bytes: list[int] = [0] * schedule.num_stages
+
+  def init(self, rng: jax.Array, example: Batch) -> PipelineState:
+    variables = self.model.init(rng, jnp.zeros((1, *example.images.shape[1:]), jnp.float32))
+    self.image_shape = (1, *example.images.shape[1:])
+    micro = example.images.shape[0] // self.schedule.micro_batches
+    x = jax.ShapeDtypeStruct((micro, *example.images.shape[1:]), jnp.float32)
+    states, self.message_bytes = [], []
+    for k, stage in enumerate(self.stages):
+      part = relayout([variables], stage.chain, (1, *x.shape[1:]))
+      params, stats = part['params'], part.get('batch_stats', {})
+      if k < self.schedule.last:
+        y = jax.eval_shape(lambda p, s, x: stage.chain.apply({'params': p, 'batch_stats': s}, x, train=True)[0],
+                           params, stats, x)
+        self.message_bytes.append(2 * y.size * y.dtype.itemsize + micro * 4)
+        x = y
+      states.append(place(StageState(params, stats, self.optimizer.init(params), (), (), ()), stage.device))
+    return PipelineState(tuple(states))
+
+  def step(self, state: PipelineState, batch: Batch, t: int) -> tuple[PipelineState, dict]:
+    """Iteration t: every pass of the schedule, then one optimizer step per stage."""
+    s, step, M = self.schedule, np.int32(t), self.schedule.micro_batches
+    first, last = self.stages[0], self.stages[-1]
+    images, labels = place((batch.images, batch.labels), first.device)
+    inputs = jnp.split(self.prepare(images, step), M)
+    labels = move(jnp.split(labels, M), last.device)
+    params = [st.params for st in state.stages]
+    stats = [st.batch_stats for st in state.stages]
+    totals = [jax.tree.map(jnp.zeros_like, p) for p in params]
+    arriving, gradients, kept, waiting, metrics = {}, {}, {}, {}, []
+    held = [0] * s.num_stages
+    self.held, self.held_bytes = [0] * s.num_stages, [0] * s.num_stages
+    for k, (kind, m) in s.dispatch_order():
+      stage = self.stages[k]
+      if kind == 'F':
+        x = inputs[m] if k == 0 else arriving.pop((k, m))
+        y, stats[k], kept[k, m], extra = stage.forward(params[k], stats[k], x, labels[m] if stage.last else None)
+        held[k] += 1
+        if held[k] > self.held[k]:
+          self.held[k] = held[k]
+          self.held_bytes[k] = sum(held[k] * r.nbytes for r in jax.tree.leaves(kept[k, m]))
+        if stage.last:
+          metrics.append(extra)
+        else:
+          arriving[k + 1, m] = move(y, self.stages[k + 1].device)
+        continue
+      g = None if stage.last else gradients.pop((k, m)) if kind == 'B' else waiting.pop((k, m))
+      if kind == 'W':
+        totals[k] = stage.weight(kept.pop((k, m)), g, totals[k])
+        held[k] -= 1
+        continue
+      if s.splits_backward:
+        down = stage.backward_input(kept[k, m], g) if k > 0 else None
+        waiting[k, m] = g
+      else:
+        totals[k], down = stage.backward(kept.pop((k, m)), g, totals[k])
+        held[k] -= 1
+      if k > 0:
+        gradients[k - 1, m] = move(down, self.stages[k - 1].device)
+    new = []
+    for k, (stage, st) in enumerate(zip(self.stages, state.stages)):
+      p, o = stage.apply(params[k], st.opt_state, totals[k], step)
+      new.append(st._replace(params=p, opt_state=o, batch_stats=stats[k]))
+    out = {}
+    if metrics:
+      out = {name: sum(mm[name] for mm in metrics) / M for name in metrics[0]}
+      out['learning_rate'] = last.lr(step)
+    if jax.process_count() > 1 and out:  # to process 0, which writes them
+      out = move(out, jax.devices()[0])
+      out = out if is_local(jax.devices()[0]) else {}
+    return PipelineState(tuple(new)), out
+
+  def eval_variables(self, state: PipelineState) -> dict:
+    return whole_model(self.model, self.devices, state.stages, self.image_shape)

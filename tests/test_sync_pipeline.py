@@ -1,0 +1,150 @@
+"""Synchronous pipelines (GPipe, 1F1B, ZB-H1): each stage's order against tables written by hand from the
+papers' pictures, the unit-time spans and memory the papers state, and whole runs against a sequential
+reference of back-propagation with the gradient accumulated over M micro-batches."""
+import jax
+import numpy as np
+import optax
+import pytest
+
+from conftest import SequentialStages, assert_trees_close, assert_trees_equal, tiny_config
+from jaxdecouple.errors import ConfigError
+from jaxdecouple.methods import validate
+from jaxdecouple.pipeline.sync_schedule import SyncSchedule
+from jaxdecouple.train import train_and_evaluate
+
+# --- the schedules ------------------------------------------------------------------------------------
+
+# Each stage's passes, read off the papers' figures (GPipe Figure 2c; PipeDream-Flush / Megatron's 1F1B
+# Figure; ZB-H1 Figure 3 top: W of a micro-batch k backwards after its B at stage k).
+HAND = {
+    ('gpipe', 3, 4): ['F0 F1 F2 F3 B0 B1 B2 B3'] * 3,
+    ('1f1b', 4, 8): ['F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7',
+                     'F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7',
+                     'F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7',
+                     'F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7'],
+    ('1f1b', 3, 2): ['F0 F1 B0 B1', 'F0 F1 B0 B1', 'F0 B0 F1 B1'],  # fewer micro-batches than warm-up
+    ('zb_h1', 3, 4): ['F0 F1 F2 B0 W0 F3 B1 W1 B2 W2 B3 W3',
+                      'F0 F1 B0 F2 B1 W0 F3 B2 W1 B3 W2 W3',
+                      'F0 B0 F1 B1 F2 B2 W0 F3 B3 W1 W2 W3'],
+}
+# 1F1B, K = 2, M = 3 in unit time (F = 1, a backward 2): the picture itself
+GRID_1F1B_2_3 = ['F0 F1 .  .  B0 B0 F2 B1 B1 .  B2 B2',
+                 '.  F0 B0 B0 F1 B1 B1 F2 B2 B2 .  .']
+
+
+@pytest.mark.parametrize('kind,k,m', list(HAND))
+def test_each_stage_runs_the_papers_order(kind, k, m):
+  s = SyncSchedule(kind, k, m)
+  assert [' '.join(f'{p}{i}' for p, i in s.order(stage)) for stage in range(k)] == HAND[kind, k, m]
+
+
+def test_the_timeline_is_the_papers_picture():
+  rows = SyncSchedule('1f1b', 2, 3).table().splitlines()
+  assert [r.split('  ', 1)[1].split() for r in rows] == [g.split() for g in GRID_1F1B_2_3]
+
+
+@pytest.mark.parametrize('kind', ['gpipe', '1f1b', 'zb_h1'])
+def test_spans_and_memory_are_the_papers(kind):
+  """Unit-time span: GPipe and 1F1B 3(M + K - 1) (bubble (K-1)/(M+K-1)); ZB-H1 3M + K - 1 for M >= K
+  (the paper's bubble (K-1)(T_F + T_B - T_W), a third of 1F1B's). Micro-batches held at once: GPipe M,
+  1F1B min(K - k, M), ZB-H1 min(K, M). Every pass once, after the passes it needs."""
+  for K in (1, 2, 3, 4):
+    for M in (1, 2, 3, 4, 8):
+      s = SyncSchedule(kind, K, M)
+      if kind != 'zb_h1':
+        assert s.span == 3 * (M + K - 1) and s.bubble_model() == pytest.approx((K - 1) / (M + K - 1))
+      elif M >= K:
+        assert s.span == 3 * M + K - 1 and s.bubble_model() == pytest.approx((K - 1) / (3 * M + K - 1))
+      want = {'gpipe': [M] * K, '1f1b': [min(K - k, M) for k in range(K)], 'zb_h1': [min(K, M)] * K}[kind]
+      assert [s.held(k) for k in range(K)] == want
+      passes = 'FBW' if kind == 'zb_h1' else 'FB'
+      for k in range(K):
+        assert sorted(s.order(k)) == sorted((p, m) for p in passes for m in range(M))
+      seen = set()
+      for k, (p, m) in s.dispatch_order():
+        need = {'F': (k - 1, ('F', m)) if k else None, 'B': (k + 1, ('B', m)) if k < K - 1 else None,
+                'W': (k, ('B', m))}[p]
+        assert need is None or need in seen, (kind, K, M, k, p, m)
+        seen.add((k, (p, m)))
+
+
+def test_the_bubble_model_at_k4_m8():
+  """Figures quoted in the docs: 1F1B's 3/11 and ZB-H1's 3/27 at K = 4, M = 8."""
+  assert SyncSchedule('1f1b', 4, 8).bubble_model() == pytest.approx(3 / 11)
+  assert SyncSchedule('zb_h1', 4, 8).bubble_model() == pytest.approx(3 / 27)
+
+
+# --- whole runs against back-propagation with accumulation ---------------------------------------------
+
+def sync_config(kind, k=2, m=4, steps=3, **kw):
+  return tiny_config(method=kind, max_steps=steps, **{'pipeline.num_stages': k, 'pipeline.micro_batches': m,
+                                                      'optim.learning_rate': 0.02, **kw})
+
+
+def reference_accumulated_bp(config, steps):
+  """BP written out: each step's batch cut into M micro-batches; each micro-batch forwarded through the
+  stages in order (every stage's BatchNorm statistics moving once per micro-batch) and back-propagated
+  from its mean loss; the parameter gradients summed over the micro-batches, divided by M, one SGD step."""
+  M = config.pipeline.micro_batches
+  ref = SequentialStages(config)
+  K = len(ref.params)
+
+  def loss(params, x, labels, stats):
+    new = []
+    for k in range(K):
+      x, s = ref.run(k, params[k], x, stats[k])
+      new.append(s)
+    return optax.softmax_cross_entropy_with_integer_labels(x, labels).mean(), new
+  for t in range(steps):
+    images, labels = ref.batch(t)
+    total = None
+    for x, y in zip(np.split(np.asarray(images), M), np.split(np.asarray(labels), M)):
+      grads, ref.stats = jax.grad(loss, has_aux=True)(ref.params, x, y, ref.stats)
+      total = grads if total is None else jax.tree.map(np.add, total, grads)
+    for k in range(K):
+      ref.sgd(k, jax.tree.map(lambda g: g / M, total[k]), ref.lr(t))
+  return ref.variables()
+
+
+@pytest.mark.parametrize('kind,k,m', [('gpipe', 2, 4), ('1f1b', 3, 4), ('zb_h1', 3, 2)])
+def test_synchronous_schedules_equal_accumulated_bp(kind, k, m, workdir):
+  """And the residuals the driver really held at once are the schedule's count (GPipe M, 1F1B K - k, ZB-H1
+  K, at most M)."""
+  config = sync_config(kind, k, m)
+  result = train_and_evaluate(config, workdir)
+  reference = reference_accumulated_bp(config, 3)
+  assert_trees_close(result.variables, reference, tol=5e-4)
+  with pytest.raises(AssertionError):  # sharp: one micro-batch (plain BP) differs through BatchNorm
+    assert_trees_close(result.variables, reference_accumulated_bp(sync_config(kind, k, 1), 3), tol=5e-4)
+  s = result.method.pipeline.schedule
+  assert result.method.pipeline.held == [s.held(stage) for stage in range(k)]
+
+
+def test_one_micro_batch_is_bp(workdir, tmp_path):
+  """K = 2, M = 1 and K = 1 (any schedule): back-propagation's numbers."""
+  bp = train_and_evaluate(tiny_config(max_steps=3, **{'optim.learning_rate': 0.02}), str(tmp_path / 'bp'))
+  for kind, k in (('1f1b', 2), ('gpipe', 1)):
+    run = train_and_evaluate(sync_config(kind, k, 1), str(tmp_path / kind))
+    assert_trees_equal(run.variables, bp.variables, rtol=1e-5, atol=1e-6)
+
+
+def test_a_resumed_run_is_exact(workdir):
+  """Nothing is in flight between iterations: stopped after step 2 and resumed, the run equals 4 steps."""
+  whole = train_and_evaluate(sync_config('zb_h1', steps=4), workdir + '_whole')
+  train_and_evaluate(sync_config('zb_h1', steps=2), workdir)
+  resumed = train_and_evaluate(sync_config('zb_h1', steps=4), workdir)
+  assert resumed.step == 4
+  assert_trees_equal(resumed.variables, whole.variables)
+
+
+@pytest.mark.parametrize('overrides,field', [
+    ({'pipeline.micro_batches': 3}, 'pipeline.micro_batches'),  # batch 32
+    ({'pipeline.micro_batches': 0}, 'pipeline.micro_batches'),
+    ({'pipeline.beta': 0.5}, 'pipeline.beta'),
+    ({'pipeline.corrector': 'dc'}, 'pipeline.corrector'),
+    ({'pipeline.keep': 'recompute'}, 'pipeline.keep'),
+    ({'distributed.coordinator': 'localhost:1234', 'distributed.num_processes': 2}, 'method'),
+])
+def test_bad_synchronous_settings_stop_with_one_line(overrides, field):
+  with pytest.raises(ConfigError, match=f'^config.{field}: '):
+    validate(sync_config('1f1b', **overrides))
