@@ -8,8 +8,9 @@
 Each run is METHOD:K:DEVICES (K and DEVICES default to 1):
 - bp: K and DEVICES ignored (one device).
 - dp: DEVICES is the number of devices the batch is sharded over (dp:1:2).
-- pipeline methods (fdg, adl, ddg, fr, dgl): K stages on DEVICES devices (stages share devices when
-  DEVICES < K); adl accumulates --accumulation gradients.
+- pipeline methods (fdg, adl, ddg, fr, dgl, and the synchronous gpipe, 1f1b, zb_h1 with --micro_batches
+  micro-batches per iteration): K stages on DEVICES devices (stages share devices when DEVICES < K); adl
+  accumulates --accumulation gradients.
 - replica methods (resist, localsgd, ensemble): K = S workers on DEVICES devices (workers share a device
   when DEVICES < S); --batch is per worker, so an iteration trains S x batch images, and the workers
   average every --local_steps iterations (the averaging's cost is in the mean, not in the median).
@@ -17,8 +18,10 @@ For every run: the median seconds per iteration over --iters timed iterations (a
 iterations, which include compilation and the pipeline fill; every timed iteration waits for its
 results) and their mean, images/s (from the median), the time ratio to the first run, the measured
 speed-up over it (images/s against the first run's, on the devices present), and: for pipeline
-methods each stage's time measured on idle devices plus the speed-up that K devices would give if they
-were perfectly overlapped (sum of stage times / max stage time); for replica methods the time of one
+methods each stage's time measured on idle devices, the bubble measured in those iterations (from when each
+stage's calls really ended, jaxdecouple/pipeline/timeline.py; synchronous schedules add the model's beside it
+and the micro-batches each stage held), plus the speed-up that K devices would give if they were perfectly
+overlapped (sum of stage times / max stage time); for replica methods the time of one
 worker's step (the iteration's time over the workers each device runs one after another). Peak device
 memory is reported where the backend has it (GPUs), for a process that ran one run only (--isolate
 runs each in its own process). On a noisy machine, --rounds=R interleaves the runs (every run built
@@ -50,6 +53,7 @@ def parse_args(argv=None):
                  help='comma-separated METHOD:K:DEVICES; the first is the baseline of the ratios')
   p.add_argument('--keep', default='vjp', choices=['vjp', 'recompute'], help='what pipeline stages keep')
   p.add_argument('--accumulation', type=int, default=2, help='adl: gradients accumulated per update (M)')
+  p.add_argument('--micro_batches', type=int, default=4, help='gpipe, 1f1b, zb_h1: micro-batches per iteration')
   p.add_argument('--local_steps', type=int, default=50, help='replica methods: iterations between averagings')
   p.add_argument('--warmup', type=int, default=8, help='untimed iterations (compilation, pipeline fill); '
                  'lengthened to the pipeline fill plus an accumulation cycle, or a replica round, where longer')
@@ -111,6 +115,7 @@ class _Run:
     c.pipeline.num_stages, c.pipeline.num_devices, c.pipeline.keep = self.k, self.n_dev, args.keep
     c.dp.num_devices = self.n_dev
     c.pipeline.accumulation = args.accumulation if self.method == 'adl' else 1
+    c.pipeline.micro_batches = args.micro_batches
     c.replica.num_workers, c.replica.num_devices, c.replica.local_steps = self.k, self.n_dev, args.local_steps
     ds = load_dataset(c.data, c.dataset)
     self.m = METHODS[self.method](build_setup(c, ds))
@@ -127,6 +132,8 @@ class _Run:
     fill and every stage's first update, a full accumulation cycle in (ADL), and a replica method's first
     round. A shorter --warmup is lengthened to it, so no timed iteration includes a compilation."""
     pipeline = getattr(self.m, 'pipeline', None)
+    if pipeline is not None and hasattr(pipeline.schedule, 'micro_batches'):  # synchronous: nothing to fill
+      return 2
     if pipeline is not None:
       s = pipeline.schedule
       return max(s.first_update(k) for k in range(s.num_stages)) + s.accumulation + 1
@@ -169,13 +176,21 @@ class _Run:
       record['worker_seconds'] = round(median / engine.per_device, 5)
     pipeline = getattr(self.m, 'pipeline', None)
     if pipeline is not None:
-      stage_times = []
+      from jaxdecouple.pipeline.timeline import summary
+      stage_times, bubbles = [], []
       for _ in range(3):
-        self.state, _, st = timed_step(pipeline, self.state, self.batch(self.t), self.t)
+        self.state, _, st, passes = timed_step(pipeline, self.state, self.batch(self.t), self.t)
         stage_times.append(st)
+        bubbles.append(summary(passes, pipeline.schedule.num_stages).get('bubble_measured', 0.0))
         self.t += 1
       per_stage = [statistics.median(s[i] for s in stage_times) for i in sorted(stage_times[0])]
       record['stage_seconds'] = [round(s, 5) for s in per_stage]
+      record['bubble_measured'] = round(statistics.median(bubbles), 4)
+      if hasattr(pipeline.schedule, 'micro_batches'):
+        record['micro_batches'] = pipeline.schedule.micro_batches
+        record['bubble_model'] = round(pipeline.schedule.bubble_model(), 4)
+        record['held_microbatches'] = list(pipeline.held)
+        record['held_mb'] = [round(b / 1e6, 3) for b in pipeline.held_bytes]
       record['predicted_speedup_on_k_devices'] = round(sum(per_stage) / max(per_stage), 3)
     return record
 
@@ -226,16 +241,17 @@ def main(argv=None):
   memory = any('peak_memory_gb' in r for r in results)
   print(f'\n| method | K or S | devices | s/iter (median) | s/iter (mean) | images/s | '
         f'vs {results[0]["method"]} (time){" [min-max over rounds]" if ranges else ""} | '
-        f'stage s / worker s | predicted K-device speed-up | measured speed-up (images/s) |'
-        + (' peak memory GB |' if memory else ''))
-  print('|---|---|---|---|---|---|---|---|---|---|' + ('---|' if memory else ''))
+        f'stage s / worker s | predicted K-device speed-up | measured speed-up (images/s) | bubble measured '
+        '(model) |' + (' peak memory GB |' if memory else ''))
+  print('|---|---|---|---|---|---|---|---|---|---|---|' + ('---|' if memory else ''))
   for r in results:
     parts = ", ".join(f"{s:.3f}" for s in r.get("stage_seconds", [])) or (
         f'{r["worker_seconds"]:.3f}' if 'worker_seconds' in r else '-')
     ratio = f'{r["ratio"]:.3f}' + (' [{:.3f}-{:.3f}]'.format(*r['ratio_range']) if 'ratio_range' in r else '')
     print(f'| {r["method"]} | {r["stages"]} | {r["devices"]} | {r["seconds_per_iter"]:.4f} | '
           f'{r["mean_seconds_per_iter"]:.4f} | {r["images_per_sec"]:.0f} | {ratio} | '
-          f'{parts} | {r.get("predicted_speedup_on_k_devices", "-")} | {r["measured_speedup"]:.3f} |'
+          f'{parts} | {r.get("predicted_speedup_on_k_devices", "-")} | {r["measured_speedup"]:.3f} | '
+          f'{r.get("bubble_measured", "-")}' + (f' ({r["bubble_model"]})' if 'bubble_model' in r else '') + ' |'
           + (f' {r.get("peak_memory_gb", "-")} |' if memory else ''))
   return results
 

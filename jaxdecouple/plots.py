@@ -5,6 +5,7 @@
 
     plot_diagnostics('workdirs/fdg', path='staleness.png')  # pipeline.diagnose_every_steps lines
     plot_wallclock({'BP': ['workdirs/bp'], 'FDG': ['workdirs/fdg']}, path='wallclock.png')  # against seconds
+    plot_timeline('workdirs/1f1b', path='timeline.png')  # a pipeline's passes as they really ran (profile steps)
 
 Used by the quickstart notebook and by the reproduction report.
 """
@@ -132,6 +133,38 @@ def plot_diagnostics(runs: str | Mapping[str, str], path: str | None = None, tit
   fig.legend(*ax_cos.get_legend_handles_labels(), loc='center left', bbox_to_anchor=(1.0, 0.5))
   if title:
     fig.suptitle(title)
+  fig.tight_layout()
+  return _save(fig, path)
+
+
+def timelines(workdir: str) -> dict[int, list[dict]]:
+  """The measured pipeline timelines of a run (``profile_every_steps``): {step: passes}, each pass a dict of
+  stage, label (F3, B3, W3, 'update', 'iteration 7'), start and end in seconds."""
+  return {r['step']: r['passes'] for r in read_metrics(workdir) if r['kind'] == 'timeline'}
+
+
+def plot_timeline(workdir: str, path: str | None = None, step: int | None = None, title: str | None = None):
+  """One measured iteration of a pipeline run (the last profiled one, or ``step``), one row per stage: each
+  compiled call from when it really started to when its outputs were ready (jaxdecouple/pipeline/timeline.py),
+  forwards blue, backwards orange, weight gradients green, updates grey; the gaps are the bubble."""
+  plt = _figure_backend(path)
+  found = timelines(workdir)
+  if not found:
+    raise ValueError(f'{workdir} has no measured timeline: run a pipeline method with profile_every_steps > 0')
+  step = max(found) if step is None else step
+  passes = found[step]
+  colours = {'F': 'C0', 'B': 'C1', 'W': 'C2', 'u': '0.6', 'i': 'C4'}
+  stages = 1 + max(p['stage'] for p in passes)
+  begin = min(p['start'] for p in passes)
+  fig, ax = plt.subplots(figsize=(10, 0.6 + 0.5 * stages))
+  for p in passes:
+    start, width = 1e3 * (p['start'] - begin), 1e3 * (p['end'] - p['start'])
+    ax.barh(p['stage'], width, left=start, height=0.8, color=colours.get(p['label'][0], 'C5'), edgecolor='white')
+    if p['label'][0] in 'FBW' and width > 0:
+      ax.text(start + width / 2, p['stage'], p['label'], ha='center', va='center', fontsize=7, color='white')
+  ax.set(xlabel='milliseconds (measured)', ylabel='stage', yticks=range(stages))
+  ax.invert_yaxis()
+  ax.set_title(title or f'{run_label(workdir)}: step {step}')
   fig.tight_layout()
   return _save(fig, path)
 

@@ -129,8 +129,7 @@ class Loop:
     self.order = TrainOrder(len(dataset.x_train), config.batch_size, config.seed)
     self.method = METHODS[config.method](self.setup)
     self.writer: MetricWriter | None = None  # opened once the state is restored (a refused resume writes nothing)
-    self.evaluator: Evaluator | None = None
-    self.clock, self.pending = Clock(), []
+    self.evaluator, self.clock, self.pending = None, Clock(), []  # the evaluator: built at the first evaluation
 
   def batch(self, step: int):
     return self.method.train_batch(self.dataset.x_train, self.dataset.y_train, self.order, step)
@@ -283,7 +282,9 @@ class Loop:
       logging.info('diagnose at step %d: %s', step, ', '.join(f'{k} {v}' for k, v in figures.items()))
 
   def log_profile(self, step: int, profile: dict) -> None:
-    profile = {**profile, **peak_memory(self.setup.devices)}
+    profile, passes = {**profile, **peak_memory(self.setup.devices)}, profile.get('timeline')
+    if profile.pop('timeline', None):  # a pipeline's measured passes: a line of their own (plots.plot_timeline)
+      self.writer.write('timeline', step, passes=passes)
     if profile:
       self.writer.write('profile', step, **profile)
       logging.info('profile at step %d: %s', step, ', '.join(f'{k} {v}' for k, v in profile.items()))

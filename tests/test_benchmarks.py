@@ -21,8 +21,9 @@ def load(name):
 
 def test_throughput_reports_every_kind_of_method(capsys):
   records = load('throughput').main(['--model=preact_tiny', '--batch=8', '--warmup=2', '--iters=1',
-                                     '--local_steps=2', '--runs=bp,fdg:2:2,resist:2:2', '--rounds=2'])
-  assert [r['method'] for r in records] == ['bp', 'fdg', 'resist']
+                                     '--local_steps=2', '--runs=bp,fdg:2:2,resist:2:2,1f1b:2:2', '--rounds=2',
+                                     '--micro_batches=2'])
+  assert [r['method'] for r in records] == ['bp', 'fdg', 'resist', '1f1b']
   assert records[0]['ratio'] == 1 and records[0]['ratio_range'] == [1, 1]
   for r in records:  # the ratio is the median of the two rounds' ratios, inside their range
     low, high = r['ratio_range']
@@ -38,7 +39,10 @@ def test_throughput_reports_every_kind_of_method(capsys):
   assert resist['worker_seconds'] == resist['seconds_per_iter']  # one worker per device
   # --warmup=2 lengthened so that nothing timed compiles: FDG K = 2 fills for 2 iterations, stage 0 first
   # updates at iteration 2, one more for the steady state; ResIST's first round ends after 2 local steps
-  assert [r['warmup'] for r in records] == [2, 4, 3]
+  assert [r['warmup'] for r in records] == [2, 4, 3, 2]
+  sync = records[3]  # measured bubble beside the model's (K = 2, M = 2: 1/3), the micro-batches each stage held
+  assert sync['micro_batches'] == 2 and sync['bubble_model'] == round(1 / 3, 4) and 0 <= sync['bubble_measured'] < 1
+  assert sync['held_microbatches'] == [2, 1] and len(sync['held_mb']) == 2 and 0 <= fdg['bubble_measured'] < 1
   out = capsys.readouterr().out
   assert '| resist | 2 | 2 |' in out and 'predicted K-device speed-up' in out
   assert 'min-max over rounds' in out

@@ -1,6 +1,8 @@
 """Synchronous pipelines (GPipe, 1F1B, ZB-H1): each stage's order against tables written by hand from the
 papers' pictures, the unit-time spans and memory the papers state, and whole runs against a sequential
 reference of back-propagation with the gradient accumulated over M micro-batches."""
+import os
+
 import jax
 import numpy as np
 import optax
@@ -10,7 +12,9 @@ from conftest import SequentialStages, assert_trees_close, assert_trees_equal, t
 from jaxdecouple.errors import ConfigError
 from jaxdecouple.methods import validate
 from jaxdecouple.pipeline.sync_schedule import SyncSchedule
+from jaxdecouple.plots import plot_timeline, timelines
 from jaxdecouple.train import train_and_evaluate
+from jaxdecouple.writers import read_metrics
 
 # --- the schedules ------------------------------------------------------------------------------------
 
@@ -106,11 +110,13 @@ def reference_accumulated_bp(config, steps):
   return ref.variables()
 
 
-@pytest.mark.parametrize('kind,k,m', [('gpipe', 2, 4), ('1f1b', 3, 4), ('zb_h1', 3, 2)])
-def test_synchronous_schedules_equal_accumulated_bp(kind, k, m, workdir):
+@pytest.mark.parametrize('kind,k,m,devices', [('gpipe', 2, 4, 0), ('1f1b', 3, 4, 0), ('zb_h1', 3, 2, 1)])
+def test_synchronous_schedules_equal_accumulated_bp(kind, k, m, devices, workdir):
   """And the residuals the driver really held at once are the schedule's count (GPipe M, 1F1B K - k, ZB-H1
-  K, at most M)."""
-  config = sync_config(kind, k, m)
+  K, at most M); the last step is profiled: its measured timeline has every stage's passes in the
+  schedule's order, and where the stages share one device (ZB-H1 here) no two passes overlap in time, so
+  the measured bubble is at least 1 - 1/K."""
+  config = sync_config(kind, k, m, profile_every_steps=3, **{'pipeline.num_devices': devices})
   result = train_and_evaluate(config, workdir)
   reference = reference_accumulated_bp(config, 3)
   assert_trees_close(result.variables, reference, tol=5e-4)
@@ -118,6 +124,20 @@ def test_synchronous_schedules_equal_accumulated_bp(kind, k, m, workdir):
     assert_trees_close(result.variables, reference_accumulated_bp(sync_config(kind, k, 1), 3), tol=5e-4)
   s = result.method.pipeline.schedule
   assert result.method.pipeline.held == [s.held(stage) for stage in range(k)]
+  passes = timelines(workdir)[3]
+  for stage in range(k):
+    want = [f'{p}{i}' for p, i in s.order(stage) if not (p == 'B' and stage == 0 and s.splits_backward)]
+    assert [p['label'] for p in passes if p['stage'] == stage] == want + ['update']
+  assert all(p['end'] >= p['start'] >= 0 for p in passes)
+  profile = [r for r in read_metrics(workdir) if r['kind'] == 'profile'][-1]
+  assert 0 <= profile['bubble_measured'] < 1 and profile['bubble_model'] == round(s.bubble_model(), 4)
+  assert profile[f'stage{k - 1}_held_microbatches'] == s.held(k - 1)
+  if devices == 1:
+    ordered = sorted(passes, key=lambda p: p['start'])
+    assert all(a['end'] <= b['start'] + 1e-6 for a, b in zip(ordered, ordered[1:]))
+    assert profile['bubble_measured'] >= 1 - 1 / k - 0.01
+  plot_timeline(workdir, path=workdir + '_timeline.png')
+  assert os.path.getsize(workdir + '_timeline.png') > 0
 
 
 def test_one_micro_batch_is_bp(workdir, tmp_path):

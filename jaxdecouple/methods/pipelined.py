@@ -13,6 +13,7 @@ from jaxdecouple.methods.base import Method, Setup
 from jaxdecouple.models import build_model
 from jaxdecouple.pipeline import Pipeline, Schedule, choose_split
 from jaxdecouple.pipeline import accounting as pipeline_accounting
+from jaxdecouple.pipeline import timeline
 from jaxdecouple.pipeline.correctors import CORRECTORS, Corrector
 from jaxdecouple.pipeline.diagnose import Diagnosis
 from jaxdecouple.pipeline.placement import is_local
@@ -113,10 +114,12 @@ class PipelineMethod(Method):
     return self.pipeline.step(state, batch, step)
 
   def profiled_step(self, state, batch: Batch, step: int):
-    state, metrics, seconds = pipeline_accounting.timed_step(self.pipeline, state, batch, step)
+    state, metrics, seconds, passes = pipeline_accounting.timed_step(self.pipeline, state, batch, step)
     profile = {f'stage{k}_seconds': round(s, 5) for k, s in seconds.items()}  # across processes: this one's
     profile.update({f'stage{k}_sends_mb': round(b / 1e6, 4)
                     for k, b in enumerate(self.pipeline.message_bytes)})
+    if jax.process_count() == 1:  # the measured bubble needs every stage's times
+      profile.update(timeline.summary(passes, self.pipeline.schedule.num_stages), timeline=passes)
     return state, metrics, profile
 
   @functools.cached_property

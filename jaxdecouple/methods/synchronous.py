@@ -50,8 +50,11 @@ class SynchronousPipeline(PipelineMethod):
                         inputs=lambda images, step: train_inputs(images, step, s.config.seed, s.preprocess))
 
   def profiled_step(self, state, batch: Batch, step: int):
-    state, metrics = self.step(state, batch, step)
-    profile = {f'stage{k}_held_microbatches': h for k, h in enumerate(self.pipeline.held)}
+    """The asynchronous engine's profile (each stage's measured busy and idle seconds, the measured bubble,
+    the timeline of every pass), the model's bubble beside it, and the activations each stage held."""
+    state, metrics, profile = super().profiled_step(state, batch, step)
+    profile['bubble_model'] = round(self.pipeline.schedule.bubble_model(), 4)
+    profile.update({f'stage{k}_held_microbatches': h for k, h in enumerate(self.pipeline.held)})
     profile.update({f'stage{k}_held_mb': round(b / 1e6, 4) for k, b in enumerate(self.pipeline.held_bytes)})
     return state, metrics, profile
 
@@ -64,7 +67,7 @@ class SynchronousPipeline(PipelineMethod):
       names = stage.chain.names
       lines.append(f'  stage {k} on {stage.device}: blocks {names[0]}..{names[-1]} ({len(names)}), '
                    f'{count_params(st.params) / 1e6:.3f}M params, holds at most {s.held(k)} micro-batches\' '
-                   'activations' + (f', sends {pipeline.message_bytes[k] / 1e6:.2f} MB per micro-batch to and from '
+                   'activations' + (f', sends {pipeline.message_bytes[k] / 1e6:.2f} MB per iteration to and from '
                                    f'stage {k + 1}' if k < s.last else ''))
     lines.append('  schedule (F<m>: forward of micro-batch m, B<m>: its backward, W<m>: its weight gradient):')
     lines.extend('    ' + line for line in s.table().splitlines())

@@ -6,12 +6,11 @@ ordinary steps never do; so they live apart from the driver (``engine.py``).
 """
 from __future__ import annotations
 
-import time
-
 import jax
 
 from jaxdecouple.data import Batch
 from jaxdecouple.models import count_params
+from jaxdecouple.pipeline import timeline
 from jaxdecouple.pipeline.placement import is_local
 
 from jaxdecouple.pipeline.engine import Pipeline, PipelineState
@@ -54,30 +53,17 @@ def corrector_bytes(st) -> int:
   return sum(x.nbytes for x in jax.tree.leaves(st.corrector))
 
 
-def timed_step(pipeline: Pipeline, state: PipelineState, batch: Batch, t: int):
-  """One iteration with each stage's own compute time measured (devices idle at the start).
-
-  A stage's time is its completion time minus the completion of the stage before it on the same
-  device (stages sharing a device run one after another in dispatch order). Returns (state,
-  metrics, {stage: seconds}) for the stages this process drives (all, in one process). Used every few
-  hundred steps for the logs and by the benchmarks: it waits for the devices, so it is not how the
-  ordinary steps run.
-  """
+def timed_step(pipeline, state: PipelineState, batch: Batch, t: int):
+  """One iteration with each stage's calls timed (devices idle at the start; ``timeline.py``): when each call
+  really started and ended. Returns (state, metrics, {stage: seconds busy}, passes) for the stages this
+  process drives (all, in one process); ``passes`` is the measured timeline. Used every few hundred steps
+  for the logs and by the benchmarks: it waits for the devices, so it is not how the ordinary steps run.
+  Works for the asynchronous engine (one call per stage and iteration) and the synchronous one (a call per
+  pass)."""
   jax.block_until_ready(state)
-  start = time.perf_counter()
-  new_state, metrics = pipeline.step(state, batch, t)
-  pending = {k: jax.tree.leaves((s.params, s.batch_stats, s.ring)) for k, s in enumerate(new_state.stages)
-             if is_local(pipeline.devices[k])}  # across processes: the stages this one drives
-  done: dict[int, float] = {}
-  while pending:
-    for k in list(pending):
-      if all(x.is_ready() for x in pending[k]):
-        done[k] = time.perf_counter() - start
-        del pending[k]
-    time.sleep(0.0002)
-  own, last_on_device = [], {}
-  for k in sorted(done, key=done.get):
-    device = pipeline.devices[k]
-    own.append((k, done[k] - last_on_device.get(device, 0.0)))
-    last_on_device[device] = done[k]
-  return new_state, metrics, dict(sorted(own))
+  (new_state, metrics), passes = timeline.measure(lambda record: pipeline.step(state, batch, t, record))
+  passes = [p for p in passes if is_local(pipeline.devices[p['stage']])]  # across processes: this one's stages
+  seconds = {}
+  for p in passes:
+    seconds[p['stage']] = seconds.get(p['stage'], 0.0) + p['end'] - p['start']
+  return new_state, metrics, dict(sorted(seconds.items())), passes

@@ -98,10 +98,11 @@ class Pipeline:
       raise RuntimeError(f'the pipeline schedule and its exchange disagree: {what} should meet micro-batch '
                          f'{want}, the exchange brought {self._tags.get(key)}')
 
-  def step(self, state: PipelineState, batch: Batch, t: int) -> tuple[PipelineState, dict]:
+  def step(self, state: PipelineState, batch: Batch, t: int, record=None) -> tuple[PipelineState, dict]:
     """Iteration t (the global step, known on the host) of every stage, then the exchange: outputs one
     stage up, input gradients one stage down. Micro-batch numbers travel beside the messages on the host,
-    so a gradient that would meet the wrong forward stops the run instead of training silently."""
+    so a gradient that would meet the wrong forward stops the run instead of training silently. ``record``
+    (a ``timeline.Recorder``) is told each stage's call: what it produces and what it waits for."""
     s, step = self.schedule, np.int32(t)
     if self._tags is None:  # a fresh or resumed run
       self._tags = self._in_flight(t)
@@ -124,6 +125,8 @@ class Pipeline:
       new_states[k], y, grad, stage_metrics = stage.run(st, x, labels, step, forward=fb is not None,
                                                         backward=backward, apply=s.updates_at(k, t), slot=slot)
       metrics.update(stage_metrics)
+      if record is not None:
+        record(k, stage.device, f'iteration {t}', (new_states[k], y, grad), (x, st.grad_inbox))
       if stage.delay and fb is not None:
         self._tags['ring', k, slot] = fb
       if y is not None:

@@ -45,10 +45,10 @@ class SyncStage:
     self.optimizer, self.lr, self.micro_batches = optimizer, lr, micro_batches
     self.stash = VjpStash()
     self.forward = jax.jit(self._forward)
-    self.backward = jax.jit(self._backward, donate_argnums=(2,))  # the sum is replaced
+    # the running sum is not donated: a timed iteration reads when each pass's output became ready
+    self.backward = jax.jit(self._backward)
     self.backward_input = jax.jit(lambda residuals, g: self._vjp(residuals, g)[1])
-    self.weight = jax.jit(lambda residuals, g, total: jax.tree.map(jnp.add, total, self._vjp(residuals, g)[0]),
-                          donate_argnums=(2,))
+    self.weight = jax.jit(lambda residuals, g, total: jax.tree.map(jnp.add, total, self._vjp(residuals, g)[0]))
     self.apply = jax.jit(self._apply, donate_argnums=(0, 1))
 
   def _forward(self, params, stats, x, labels):
@@ -95,7 +95,7 @@ class SyncPipeline:
     self.stages = [SyncStage(k, c, k == schedule.last, d, optimizer, lr, schedule.micro_batches)
                    for k, (c, d) in enumerate(zip(model.cut(split.boundaries), self.devices))]
     self.prepare = jax.jit(lambda images, step: self.inputs(images, step))
-    self.message_bytes: list[int] = []  # per stage: its output and the gradient coming back, one micro-batch
+    self.message_bytes: list[int] = []  # per stage: its outputs and the gradients coming back, one iteration
     self.held: list[int] = [0] * schedule.num_stages  # the most residuals the last iteration kept at once
     self.held_bytes: list[int] = [0] * schedule.num_stages
 
@@ -111,13 +111,15 @@ class SyncPipeline:
       if k < self.schedule.last:
         y = jax.eval_shape(lambda p, s, x: stage.chain.apply({'params': p, 'batch_stats': s}, x, train=True)[0],
                            params, stats, x)
-        self.message_bytes.append(2 * y.size * y.dtype.itemsize + micro * 4)
+        self.message_bytes.append(self.schedule.micro_batches * (2 * y.size * y.dtype.itemsize + micro * 4))
         x = y
       states.append(place(StageState(params, stats, self.optimizer.init(params), (), (), ()), stage.device))
     return PipelineState(tuple(states))
 
-  def step(self, state: PipelineState, batch: Batch, t: int) -> tuple[PipelineState, dict]:
-    """Iteration t: every pass of the schedule, then one optimizer step per stage."""
+  def step(self, state: PipelineState, batch: Batch, t: int, record=None) -> tuple[PipelineState, dict]:
+    """Iteration t: every pass of the schedule, then one optimizer step per stage. ``record`` (a
+    ``timeline.Recorder``) is told every call: what it produces and what it waits for."""
+    record = record or (lambda *args: None)
     s, step, M = self.schedule, np.int32(t), self.schedule.micro_batches
     first, last = self.stages[0], self.stages[-1]
     images, labels = place((batch.images, batch.labels), first.device)
@@ -134,6 +136,7 @@ class SyncPipeline:
       if kind == 'F':
         x = inputs[m] if k == 0 else arriving.pop((k, m))
         y, stats[k], kept[k, m], extra = stage.forward(params[k], stats[k], x, labels[m] if stage.last else None)
+        record(k, stage.device, f'F{m}', (y, stats[k], kept[k, m], extra), x)
         held[k] += 1
         if held[k] > self.held[k]:
           self.held[k] = held[k]
@@ -146,19 +149,24 @@ class SyncPipeline:
       g = None if stage.last else gradients.pop((k, m)) if kind == 'B' else waiting.pop((k, m))
       if kind == 'W':
         totals[k] = stage.weight(kept.pop((k, m)), g, totals[k])
+        record(k, stage.device, f'W{m}', totals[k], g)
         held[k] -= 1
         continue
       if s.splits_backward:
         down = stage.backward_input(kept[k, m], g) if k > 0 else None
         waiting[k, m] = g
+        if k > 0:  # stage 0 sends nothing down: its backward is all in W
+          record(k, stage.device, f'B{m}', down, g)
       else:
         totals[k], down = stage.backward(kept.pop((k, m)), g, totals[k])
+        record(k, stage.device, f'B{m}', (totals[k], down), g)
         held[k] -= 1
       if k > 0:
         gradients[k - 1, m] = move(down, self.stages[k - 1].device)
     new = []
     for k, (stage, st) in enumerate(zip(self.stages, state.stages)):
       p, o = stage.apply(params[k], st.opt_state, totals[k], step)
+      record(k, stage.device, 'update', (p, o))
       new.append(st._replace(params=p, opt_state=o, batch_stats=stats[k]))
     out = {}
     if metrics:
