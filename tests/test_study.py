@@ -2,9 +2,12 @@
 import dataclasses
 import json
 import os
+import queue
+import time
 
 import pytest
 
+from conftest import scaled_timeout, timed_out
 from jaxdecouple import study as study_lib
 from jaxdecouple.train import train_and_evaluate
 
@@ -470,11 +473,18 @@ def test_processes_claiming_one_run_at_once_leave_it_to_exactly_one(tmp_path):
   for p in procs:
     p.start()
   won = {where: 0 for where in folders}
+  start = time.time()
   for _ in range(len(folders) * len(procs)):
-    where, mine = results.get(timeout=120)
+    try:
+      where, mine = results.get(timeout=scaled_timeout(120))
+    except queue.Empty:
+      timed_out(120, time.time() - start, 'waiting for the claiming processes\' results')
     won[where] += mine
   for p in procs:
-    p.join(timeout=60)
+    p.join(timeout=scaled_timeout(60))
+    if p.is_alive():
+      p.kill()
+      timed_out(60, time.time() - start, 'waiting for a claiming process to end')
   assert all(n == 1 for n in won.values()), won
   for where in folders:
     assert os.listdir(where) == ['running.json']  # no claim-in-making left behind

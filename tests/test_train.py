@@ -14,7 +14,8 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import assert_trees_close, assert_trees_equal, sgd_step, tiny_config
+from conftest import (assert_trees_close, assert_trees_equal, communicate_within, run_within, scaled_timeout, sgd_step,
+                      timed_out, tiny_config)
 from jaxdecouple.data import Preprocess, TrainOrder, load_dataset, train_inputs
 from jaxdecouple.errors import CheckpointError
 from jaxdecouple.models import build_model
@@ -236,13 +237,16 @@ def test_sigterm_saves_a_checkpoint_and_resumes_exactly(workdir, tmp_path, signa
   proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
   metrics = os.path.join(workdir, 'metrics.jsonl')
-  deadline = time.time() + 120
-  while time.time() < deadline and not (os.path.exists(metrics) and '"step": 4' in open(metrics).read()):
+  start = time.time()
+  while not (os.path.exists(metrics) and '"step": 4' in open(metrics).read()):
+    if time.time() > start + scaled_timeout(120):
+      proc.kill()
+      timed_out(120, time.time() - start, 'waiting for the run to log step 4', proc.communicate()[1])
     time.sleep(0.05)
   for i in range(signals):
     time.sleep(0.05 if i else 0)
     proc.send_signal(signal.SIGTERM)
-  _, stderr = proc.communicate(timeout=120)
+  _, stderr = communicate_within(proc, 120, 'waiting for the run to stop after SIGTERM')
   assert proc.returncode == 0, stderr[-2000:]
   steps = sorted(int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints')) if d.isdigit())
   assert len(steps) == 1 and 4 <= steps[0] < 16 and 'SIGTERM' in stderr
@@ -348,10 +352,10 @@ def test_a_failed_checkpoint_write_exits_promptly_with_one_line(workdir):
       'resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, 2**20))\n'
       'sys.argv = ["main.py"] + sys.argv[1:]\n'
       'runpy.run_path("main.py", run_name="__main__")\n')
-  proc = subprocess.run([sys.executable, '-c', run, '--config=configs/quickstart.py', '--config.data.source=synthetic',
-                         '--config.batch_size=32', '--config.max_steps=4', '--config.checkpoint_every_steps=2',
-                         '--config.cpu_devices=0', f'--workdir={workdir}'], cwd=ROOT, capture_output=True, text=True,
-                        timeout=240)
+  proc = run_within([sys.executable, '-c', run, '--config=configs/quickstart.py', '--config.data.source=synthetic',
+                     '--config.batch_size=32', '--config.max_steps=4', '--config.checkpoint_every_steps=2',
+                     '--config.cpu_devices=0', f'--workdir={workdir}'], 240, 'main.py with a full disk', cwd=ROOT,
+                    capture_output=True, text=True)
   errors = [line for line in proc.stderr.splitlines() if line.startswith('error:')]
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert len(errors) == 1 and 'writing the checkpoint at step 2' in errors[0] and 'File too large' in errors[0]
