@@ -1,8 +1,16 @@
-"""A pipeline across processes on one machine: FDG K = 2 with each stage in its own process pinned to one
-core (jax.distributed on loopback, JAX's cross-process transfers between the stages), against BP in one
-process on one core and on two.
+"""A pipeline across processes on one machine: FDG K = 2 (and any other pipeline method: --pipelines, e.g.
+the synchronous 1f1b with --micro_batches) with each stage in its own process pinned to one core
+(jax.distributed on loopback, JAX's cross-process transfers between the stages), against BP in one process
+on one core and on two.
 
   python benchmarks/pipeline_processes.py --model=resnet56 --batch=128 --warmup=4 --iters=10
+  python benchmarks/pipeline_processes.py --model=resnet56 --batch=128 --pipelines=fdg,1f1b,gpipe,zb_h1 \
+      --micro_batches=4
+
+Each pipeline run also times 3 more iterations call by call (jaxdecouple/pipeline/timeline.py): each process
+the seconds its stage computed in an iteration (from when its calls' outputs really became ready; the
+median of the 3); a stage idles the rest of the measured iteration, and the run's measured bubble is the
+stages' mean idle share, 1 - mean(busy) / (seconds per iteration).
 
 Every run is a fresh set of processes, pinned with sched_setaffinity before JAX starts (XLA:CPU then
 sizes its thread pools to the cores it may use). A timed iteration waits for the results of the stages
@@ -30,7 +38,10 @@ def parse_args(argv=None):
   p.add_argument('--batch', type=int, default=128)
   p.add_argument('--warmup', type=int, default=4, help='untimed iterations (compilation, pipeline fill)')
   p.add_argument('--iters', type=int, default=10, help='timed iterations')
-  p.add_argument('--role', default='', help=argparse.SUPPRESS)  # bp | stage:PROCESS_ID:PORT (a child)
+  p.add_argument('--pipelines', default='fdg', help='comma-separated pipeline methods, each K = 2 over the 2 '
+                 'processes: fdg, adl, ddg, fr, dgl, gpipe, 1f1b, zb_h1')
+  p.add_argument('--micro_batches', type=int, default=4, help='gpipe, 1f1b, zb_h1: micro-batches per iteration')
+  p.add_argument('--role', default='', help=argparse.SUPPRESS)  # bp | stage:PROCESS_ID:PORT:METHOD (a child)
   p.add_argument('--json_out', default='', help='also append the JSON lines to this file')
   return p.parse_args(argv)
 
@@ -50,10 +61,10 @@ def child(args) -> dict:
   c.data.synthetic_train_size, c.data.synthetic_test_size = args.batch * 8, 8
   c.method = 'bp'
   if args.role.startswith('stage'):
-    _, pid, port = args.role.split(':')
-    c.method, c.pipeline.num_stages = 'fdg', 2
+    _, pid, port, method = args.role.split(':')
+    c.method, c.pipeline.num_stages, c.pipeline.micro_batches = method, 2, args.micro_batches
     c.distributed.coordinator, c.distributed.num_processes, c.distributed.process_id = f'127.0.0.1:{port}', 2, int(pid)
-    start_processes(c.distributed, pipeline=True)
+    start_processes(c.distributed, transfers=True)
   ds = load_dataset(c.data, c.dataset)
   m = METHODS[c.method](build_setup(c, ds))
   order = TrainOrder(len(ds.x_train), c.batch_size, c.seed)
@@ -70,14 +81,22 @@ def child(args) -> dict:
   for t in range(first, first + args.iters):
     state, _ = m.step(state, m.train_batch(ds.x_train, ds.y_train, order, t), t)
   jax.block_until_ready(mine(state))
-  return {'seconds_per_iter': round(statistics.median(times), 5),
-          'streamed_seconds_per_iter': round((time.perf_counter() - start) / args.iters, 5),
-          'process': jax.process_index(), 'cores': sorted(os.sched_getaffinity(0))}
+  out = {'seconds_per_iter': round(statistics.median(times), 5),
+         'streamed_seconds_per_iter': round((time.perf_counter() - start) / args.iters, 5),
+         'process': jax.process_index(), 'cores': sorted(os.sched_getaffinity(0))}
+  if c.method != 'bp':  # this process's stage, call by call: the seconds it computed in an iteration
+    from jaxdecouple.pipeline.accounting import timed_step
+    busy, first = [], first + args.iters
+    for t in range(first, first + 3):
+      state, _, seconds, _ = timed_step(m.pipeline, state, m.train_batch(ds.x_train, ds.y_train, order, t), t)
+      busy.append(sum(seconds.values()))
+    out['stage_busy_s'] = round(statistics.median(busy), 5)
+  return out
 
 
 def launch(args, role: str, cores: list[int]) -> subprocess.Popen:
   cmd = [sys.executable, os.path.abspath(__file__), f'--model={args.model}', f'--batch={args.batch}',
-         f'--warmup={args.warmup}', f'--iters={args.iters}', f'--role={role}']
+         f'--warmup={args.warmup}', f'--iters={args.iters}', f'--micro_batches={args.micro_batches}', f'--role={role}']
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
   return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                           preexec_fn=lambda: os.sched_setaffinity(0, cores))
@@ -103,13 +122,17 @@ def main(argv=None):
   cores = sorted(os.sched_getaffinity(0))
   if len(cores) < 2:
     raise SystemExit('pipeline_processes.py needs 2 cores (one per stage process)')
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    port = s.getsockname()[1]
+  def free_port() -> int:  # a fresh one per run: the last run's may linger in TIME_WAIT
+    with socket.socket() as s:
+      s.bind(('127.0.0.1', 0))
+      return s.getsockname()[1]
   runs = [('bp', '1 process, 1 core', lambda: [launch(args, 'bp', cores[:1])]),
-          ('bp', '1 process, 2 cores', lambda: [launch(args, 'bp', cores[:2])]),
-          ('fdg K=2', '2 processes, 1 core each',
-           lambda: [launch(args, f'stage:{i}:{port}', [cores[i]]) for i in range(2)])]
+          ('bp', '1 process, 2 cores', lambda: [launch(args, 'bp', cores[:2])])]
+  for method in args.pipelines.split(','):
+    name = f'{method} K=2' + (f' M={args.micro_batches}' if method in ('gpipe', '1f1b', 'zb_h1') else '')
+    runs.append((name, '2 processes, 1 core each',
+                 lambda method=method, port=None: [launch(args, f'stage:{i}:{port}:{method}', [cores[i]])
+                                                    for port in [free_port()] for i in range(2)]))
   records = []
   for name, where, start in runs:  # one after another: every run has the machine to itself
     got = result(start())
@@ -117,7 +140,10 @@ def main(argv=None):
     records.append({'model': args.model, 'batch': args.batch, 'run': name, 'where': where,
                     'seconds_per_iter': seconds, 'images_per_sec': round(args.batch / seconds, 1),
                     'streamed_seconds_per_iter': streamed,
-                    'streamed_images_per_sec': round(args.batch / streamed, 1)})
+                    'streamed_images_per_sec': round(args.batch / streamed, 1),
+                    **({'stage_busy_s': [r['stage_busy_s'] for r in got],  # a stage idles the rest of the period
+                        'bubble_measured': round(1 - statistics.mean(r['stage_busy_s'] for r in got) / seconds, 4)}
+                       if 'stage_busy_s' in got[0] else {})})
   for r in records:
     r['vs_bp_1_core'] = round(r['images_per_sec'] / records[0]['images_per_sec'], 3)
     r['streamed_vs_bp_1_core'] = round(r['streamed_images_per_sec'] / records[0]['streamed_images_per_sec'], 3)
@@ -126,12 +152,12 @@ def main(argv=None):
       with open(args.json_out, 'a', encoding='utf-8') as f:
         f.write(json.dumps(r) + '\n')
   print('\n| run | processes and cores | s/iter (median, waiting each) | images/s | vs BP on 1 core | '
-        's/iter streamed | images/s | vs BP on 1 core |')
-  print('|---|---|---|---|---|---|---|---|')
+        's/iter streamed | images/s | vs BP on 1 core | bubble (measured) |')
+  print('|---|---|---|---|---|---|---|---|---|')
   for r in records:
     print(f"| {r['run']} | {r['where']} | {r['seconds_per_iter']:.4f} | {r['images_per_sec']:.1f} | "
           f"{r['vs_bp_1_core']:.3f} | {r['streamed_seconds_per_iter']:.4f} | {r['streamed_images_per_sec']:.1f} | "
-          f"{r['streamed_vs_bp_1_core']:.3f} |")
+          f"{r['streamed_vs_bp_1_core']:.3f} | {r.get('bubble_measured', '-')} |")
   return records
 
 

@@ -31,7 +31,7 @@ def pipeline_config(method: str, k: int, steps: int, stream: bool = False, every
   c.batch_size, c.eval_batch_size, c.num_epochs, c.optim.milestones = 16, 64, 2, (1,)
   c.log_every_steps, c.checkpoint_every_steps = 2, every
   c.pipeline.num_stages, c.optim.learning_rate = k, 0.05
-  c.pipeline.beta = 1.0 if method == 'dgl' else 0.5
+  c.pipeline.beta = 1.0 if method in ('dgl', 'gpipe', '1f1b', 'zb_h1') else 0.5
   if method == 'adl':
     c.pipeline.accumulation = 2
   if method == 'resist':  # k workers, one per device, a round every 2 steps

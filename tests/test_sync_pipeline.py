@@ -163,7 +163,7 @@ def test_a_resumed_run_is_exact(workdir):
     ({'pipeline.beta': 0.5}, 'pipeline.beta'),
     ({'pipeline.corrector': 'dc'}, 'pipeline.corrector'),
     ({'pipeline.keep': 'recompute'}, 'pipeline.keep'),
-    ({'distributed.coordinator': 'localhost:1234', 'distributed.num_processes': 2}, 'method'),
+    ({'pipeline.diagnose_every_steps': 5}, 'pipeline.diagnose_every_steps'),
 ])
 def test_bad_synchronous_settings_stop_with_one_line(overrides, field):
   with pytest.raises(ConfigError, match=f'^config.{field}: '):

@@ -35,9 +35,6 @@ class SynchronousPipeline(PipelineMethod):
       if value != default:
         fail(f'pipeline.{field}', f'{cls.name} is synchronous: no gradient is delayed, so {value!r} has nothing '
              f'to act on; leave it at {default!r}')
-    if config.distributed.coordinator:
-      fail('method', f'{cls.name} runs its stages in one process in this version (several devices of one '
-           'host); the multi-process pipelines are fdg, adl, ddg, fr and dgl')
 
   def _build(self, example: Batch) -> SyncPipeline:
     s, p = self.setup, self.setup.config.pipeline
