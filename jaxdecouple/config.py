@@ -144,10 +144,3 @@ def set_fields(config, fields: dict) -> ml_collections.ConfigDict:
       target = target[part]
     target[last] = value
   return config
-
-
-def validate(config) -> None:
-  """Every field's checks (``config_checks.validate``; kept here for code that imported it from this module);
-  ``jaxdecouple.methods.validate`` runs them and the method's own."""
-  from jaxdecouple import config_checks  # it imports this module
-  config_checks.validate(config)
