@@ -10,7 +10,8 @@ Each run is METHOD:K:DEVICES (K and DEVICES default to 1):
 - dp: DEVICES is the number of devices the batch is sharded over (dp:1:2).
 - pipeline methods (fdg, adl, ddg, fr, dgl, and the synchronous gpipe, 1f1b, zb_h1 with --micro_batches
   micro-batches per iteration): K stages on DEVICES devices (stages share devices when DEVICES < K); adl
-  accumulates --accumulation gradients.
+  accumulates --accumulation gradients. A synchronous run with DEVICES = K x D > K splits each stage over D
+  devices (pipeline.data_parallel; e.g. 1f1b:2:4) and reports each stage's all-reduce bytes per iteration.
 - replica methods (resist, localsgd, ensemble): K = S workers on DEVICES devices (workers share a device
   when DEVICES < S); --batch is per worker, so an iteration trains S x batch images, and the workers
   average every --local_steps iterations (the averaging's cost is in the mean, not in the median).
@@ -113,6 +114,8 @@ class _Run:
     c.data.synthetic_train_size = args.batch * 4 * max(self.k, 1)
     c.data.synthetic_test_size = 8
     c.pipeline.num_stages, c.pipeline.num_devices, c.pipeline.keep = self.k, self.n_dev, args.keep
+    if self.method in ('gpipe', '1f1b', 'zb_h1') and self.n_dev > self.k:  # K x D devices: D per stage
+      c.pipeline.data_parallel, c.pipeline.num_devices = self.n_dev // self.k, 0
     c.dp.num_devices = self.n_dev
     c.pipeline.accumulation = args.accumulation if self.method == 'adl' else 1
     c.pipeline.micro_batches = args.micro_batches
@@ -190,7 +193,11 @@ class _Run:
         record['micro_batches'] = pipeline.schedule.micro_batches
         record['bubble_model'] = round(pipeline.schedule.bubble_model(), 4)
         record['held_microbatches'] = list(pipeline.held)
-        record['held_mb'] = [round(b / 1e6, 3) for b in pipeline.held_bytes]
+        record['held_mb'] = [round(b / 1e6, 3) for b in pipeline.held_bytes]  # per device
+        record['data_parallel'] = len(pipeline.places[0].devices)
+        record['sends_mb'] = [round(b / 1e6, 3) for b in pipeline.message_bytes]  # between stages, per iteration
+        if pipeline.allreduce_bytes:  # inside each stage, per device and iteration (read from the compiled passes)
+          record['allreduce_mb'] = [round(b / 1e6, 3) for b in pipeline.allreduce_bytes]
       record['predicted_speedup_on_k_devices'] = round(sum(per_stage) / max(per_stage), 3)
     return record
 

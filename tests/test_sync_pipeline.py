@@ -157,6 +157,36 @@ def test_a_resumed_run_is_exact(workdir):
   assert_trees_equal(resumed.variables, whole.variables)
 
 
+def test_data_parallel_stages_give_one_devices_numbers(tmp_path):
+  """K = 2 x D = 2 on 4 devices: each micro-batch split over its stage's 2 devices (BatchNorm's statistics and
+  the gradients summed over them by the all-reduces XLA inserts) trains to the numbers of D = 1 and of the
+  sequential reference; every stage's state lives replicated on its own 2 devices, and what a stage holds
+  is counted per device (less than D = 1's, at least half)."""
+  one = train_and_evaluate(sync_config('1f1b', steps=3, profile_every_steps=3), str(tmp_path / 'd1'))
+  two = train_and_evaluate(sync_config('1f1b', steps=3, profile_every_steps=3, **{'pipeline.data_parallel': 2}),
+                           str(tmp_path / 'd2'))
+  assert_trees_close(two.variables, one.variables, tol=5e-4)
+  assert_trees_close(two.variables, reference_accumulated_bp(sync_config('1f1b'), 3), tol=5e-4)
+  devices = jax.devices()
+  for k, st in enumerate(two.state.stages):
+    for leaf in jax.tree.leaves(st.params):
+      assert leaf.devices() == set(devices[2 * k:2 * k + 2])
+  assert two.method.pipeline.held == one.method.pipeline.held
+  # per device: the split activations' half, plus what XLA keeps whole on both (parameters the vjp holds)
+  assert all(b1 / 2 <= b2 < b1 for b1, b2 in zip(one.method.pipeline.held_bytes, two.method.pipeline.held_bytes))
+  # the all-reduces XLA compiled into the passes, per stage and iteration: in each of the M backwards the
+  # stage's weight gradient and 2 floats per BatchNorm channel, in each forward BatchNorm's 2 batch statistics
+  # per channel (as many bytes as its running statistics), at the last stage also the mean loss and accuracy
+  M = 4
+  for k, st in enumerate(two.state.stages):
+    params = sum(x.nbytes for x in jax.tree.leaves(st.params))
+    stats = sum(x.nbytes for x in jax.tree.leaves(st.batch_stats))
+    assert two.method.pipeline.allreduce_bytes[k] == M * (params + 2 * stats) + (8 * M if k == 1 else 0)
+  profile = [r for r in read_metrics(str(tmp_path / 'd2')) if r['kind'] == 'profile'][-1]
+  assert profile['stage1_allreduce_mb'] == round(two.method.pipeline.allreduce_bytes[1] / 1e6, 4)
+  assert one.method.pipeline.allreduce_bytes is None  # one device per stage: nothing to reduce
+
+
 @pytest.mark.parametrize('overrides,field', [
     ({'pipeline.micro_batches': 3}, 'pipeline.micro_batches'),  # batch 32
     ({'pipeline.micro_batches': 0}, 'pipeline.micro_batches'),
@@ -164,7 +194,17 @@ def test_a_resumed_run_is_exact(workdir):
     ({'pipeline.corrector': 'dc'}, 'pipeline.corrector'),
     ({'pipeline.keep': 'recompute'}, 'pipeline.keep'),
     ({'pipeline.diagnose_every_steps': 5}, 'pipeline.diagnose_every_steps'),
+    ({'pipeline.data_parallel': 3}, 'pipeline.data_parallel'),  # micro-batches of 8
+    ({'pipeline.data_parallel': 0}, 'pipeline.data_parallel'),
+    ({'pipeline.data_parallel': 2, 'pipeline.num_devices': 2}, 'pipeline.num_devices'),
 ])
 def test_bad_synchronous_settings_stop_with_one_line(overrides, field):
   with pytest.raises(ConfigError, match=f'^config.{field}: '):
     validate(sync_config('1f1b', **overrides))
+
+
+def test_more_stages_times_devices_than_present_stop_before_compute(workdir):
+  with pytest.raises(ConfigError, match=r'^config.pipeline.data_parallel: 2 stages x 4 devices = 8 devices, but only 4'):
+    train_and_evaluate(sync_config('gpipe', **{'pipeline.data_parallel': 4}), workdir)
+  with pytest.raises(ConfigError, match=r'^config.pipeline.data_parallel: fdg runs each stage on one device'):
+    validate(tiny_config(method='fdg', **{'pipeline.data_parallel': 2}))

@@ -23,6 +23,7 @@ class PipelineMethod(Method):
   """A method that is one configuration of the pipeline engine: its schedule and what a stage keeps."""
   keep: str | None = None  # what a stage keeps of a forward, when the method fixes it (else pipeline.keep)
   accumulates = False  # whether pipeline.accumulation and pipeline.adl_mode mean anything here
+  synchronous = False  # a synchronous schedule (methods/synchronous.py): takes pipeline.data_parallel
   pipelined = True
   transfers = True
 
@@ -49,6 +50,9 @@ class PipelineMethod(Method):
            "(accumulation=1, adl_mode='B')")
     if p.num_devices < 0:
       fail('pipeline.num_devices', f'must be non-negative (0: one per stage), got {p.num_devices}')
+    if p.data_parallel != 1 and not cls.synchronous:
+      fail('pipeline.data_parallel', f'{cls.name} runs each stage on one device in this version; data parallelism '
+           'inside the stages: the synchronous pipelines gpipe, 1f1b and zb_h1 (or leave it at 1)')
     if p.corrector not in CORRECTORS:
       fail('pipeline.corrector', f'{p.corrector!r} is not allowed; choose one of: {", ".join(CORRECTORS)}')
     if cls.keep == 'replay' and p.corrector not in ('none', 'pipemare_lr'):

@@ -20,6 +20,7 @@ from jaxdecouple.pipeline.sync_schedule import SyncSchedule
 class SynchronousPipeline(PipelineMethod):
   """A synchronous schedule on the pipeline's stages (``kind`` is ``SyncSchedule``'s)."""
   kind: str
+  synchronous = True
 
   @classmethod
   def validate(cls, config) -> None:
@@ -30,11 +31,33 @@ class SynchronousPipeline(PipelineMethod):
     if config.batch_size % p.micro_batches:
       fail('pipeline.micro_batches', f'{p.micro_batches} does not divide batch_size={config.batch_size}; '
            'choose M dividing the batch (micro-batches of equal size)')
+    if p.data_parallel < 1:
+      fail('pipeline.data_parallel', f'must be at least 1 (devices per stage), got {p.data_parallel}')
+    micro = config.batch_size // p.micro_batches
+    if p.data_parallel > 1 and micro % p.data_parallel:
+      fail('pipeline.data_parallel', f'{p.data_parallel} devices per stage do not divide the micro-batch of {micro} '
+           f'(batch_size {config.batch_size} / {p.micro_batches} micro-batches); choose D dividing it')
+    if p.data_parallel > 1 and p.num_devices:
+      fail('pipeline.num_devices', 'with pipeline.data_parallel > 1 every stage has D devices of its own (K x D in '
+           'all); leave pipeline.num_devices at 0')
+    if p.data_parallel > 1 and config.distributed.coordinator:
+      fail('pipeline.data_parallel', 'data parallelism inside stages runs in one process in this version (K x D '
+           'devices of one host); across processes use data_parallel=1')
     for field, value, default in (('beta', p.beta, 1.0), ('keep', p.keep, 'vjp'), ('corrector', p.corrector, 'none'),
                                   ('diagnose_every_steps', p.diagnose_every_steps, 0)):
       if value != default:
         fail(f'pipeline.{field}', f'{cls.name} is synchronous: no gradient is delayed, so {value!r} has nothing '
              f'to act on; leave it at {default!r}')
+
+  def __init__(self, setup):
+    super().__init__(setup)
+    p = setup.config.pipeline
+    if p.data_parallel > 1:  # K x D devices, stage k on the k-th D of them
+      need = p.num_stages * p.data_parallel
+      if need > len(setup.devices):
+        fail('pipeline.data_parallel', f'{p.num_stages} stages x {p.data_parallel} devices = {need} devices, but only '
+             f'{len(setup.devices)} are present; lower K or D, or add devices (--config.cpu_devices={need} on a CPU)')
+      self._devices = list(setup.devices[:need])
 
   def _build(self, example: Batch) -> SyncPipeline:
     s, p = self.setup, self.setup.config.pipeline
@@ -44,7 +67,8 @@ class SynchronousPipeline(PipelineMethod):
       fail('pipeline.split', str(e))
     return SyncPipeline(s.model, split, SyncSchedule(self.kind, p.num_stages, p.micro_batches), self._devices,
                         optimizer=s.optimizer, lr=s.schedule,
-                        inputs=lambda images, step: train_inputs(images, step, s.config.seed, s.preprocess))
+                        inputs=lambda images, step: train_inputs(images, step, s.config.seed, s.preprocess),
+                        data_parallel=p.data_parallel)
 
   def profiled_step(self, state, batch: Batch, step: int):
     """The asynchronous engine's profile (each stage's measured busy and idle seconds, the measured bubble,
@@ -53,6 +77,9 @@ class SynchronousPipeline(PipelineMethod):
     profile['bubble_model'] = round(self.pipeline.schedule.bubble_model(), 4)
     profile.update({f'stage{k}_held_microbatches': h for k, h in enumerate(self.pipeline.held)})
     profile.update({f'stage{k}_held_mb': round(b / 1e6, 4) for k, b in enumerate(self.pipeline.held_bytes)})
+    if self.pipeline.allreduce_bytes:  # inside a stage split over devices, per device and iteration
+      profile.update({f'stage{k}_allreduce_mb': round(b / 1e6, 4)
+                      for k, b in enumerate(self.pipeline.allreduce_bytes)})
     return state, metrics, profile
 
   def describe(self, state) -> list[str]:
@@ -62,7 +89,7 @@ class SynchronousPipeline(PipelineMethod):
              '(a model: passes of unit cost, F = 1, backward = 2)' + ':']
     for k, (stage, st) in enumerate(zip(pipeline.stages, state.stages)):
       names = stage.chain.names
-      lines.append(f'  stage {k} on {stage.device}: blocks {names[0]}..{names[-1]} ({len(names)}), '
+      lines.append(f'  stage {k} on {stage.where}: blocks {names[0]}..{names[-1]} ({len(names)}), '
                    f'{count_params(st.params) / 1e6:.3f}M params, holds at most {s.held(k)} micro-batches\' '
                    'activations' + (f', sends {pipeline.message_bytes[k] / 1e6:.2f} MB per iteration to and from '
                                    f'stage {k + 1}' if k < s.last else ''))

@@ -24,11 +24,13 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxdecouple.common import VjpStash, classification_loss
 from jaxdecouple.data import Batch
 from jaxdecouple.models import Model, relayout
 from jaxdecouple.optim import Optimizer
+from jaxdecouple.pipeline.collectives import compiled_all_reduce_bytes
 from jaxdecouple.pipeline.engine import PipelineState, whole_model
 from jaxdecouple.pipeline.placement import is_local, move, place
 from jaxdecouple.pipeline.splits import Split
@@ -36,12 +38,44 @@ from jaxdecouple.pipeline.stage import StageState
 from jaxdecouple.pipeline.sync_schedule import SyncSchedule
 
 
-class SyncStage:
-  """One stage's compiled passes on its device."""
+class StagePlace:
+  """Where a stage lives: one device, or D devices that split each of its micro-batches (data parallelism
+  inside the stage). With D devices the stage's parameters, statistics and optimizer are replicated on all
+  of them and every activation, gradient and label it receives is sharded along the batch; its compiled
+  passes are the same functions, which XLA partitions from those shardings: each device computes its part
+  of the micro-batch, BatchNorm's batch statistics and the weight gradients are summed over the D devices
+  (all-reduces XLA inserts), so the numbers are D = 1's on the same micro-batch."""
 
-  def __init__(self, index: int, chain, last: bool, device: jax.Device, optimizer: Optimizer, lr: Callable,
+  def __init__(self, devices: Sequence[jax.Device]):
+    self.devices, self.device = tuple(devices), devices[0]
+    if len(devices) > 1:
+      mesh = Mesh(np.array(devices), ('data',))
+      self.whole, self.split = NamedSharding(mesh, P()), NamedSharding(mesh, P('data'))
+
+  def state(self, tree):
+    """Parameters and the like: on the device, or replicated on the stage's devices."""
+    return place(tree, self.device) if len(self.devices) == 1 else jax.device_put(tree, self.whole)
+
+  def batch(self, tree):
+    """What a micro-batch brings (images, activations, gradients, labels): to the device, or split."""
+    return move(tree, self.device) if len(self.devices) == 1 else jax.device_put(tree, self.split)
+
+  def __str__(self) -> str:
+    return ', '.join(str(d) for d in self.devices)
+
+
+def device_bytes(x) -> int:
+  """Bytes of ``x`` on one of its devices (all of it on one device; a shard of a split array)."""
+  shards = x.addressable_shards
+  return shards[0].data.nbytes if shards else x.nbytes
+
+
+class SyncStage:
+  """One stage's compiled passes on its device (or devices: ``StagePlace``)."""
+
+  def __init__(self, index: int, chain, last: bool, where: StagePlace, optimizer: Optimizer, lr: Callable,
                micro_batches: int):
-    self.index, self.chain, self.last, self.device = index, chain, last, device
+    self.index, self.chain, self.last, self.where, self.device = index, chain, last, where, where.device
     self.optimizer, self.lr, self.micro_batches = optimizer, lr, micro_batches
     self.stash = VjpStash()
     self.forward = jax.jit(self._forward)
@@ -89,15 +123,23 @@ class SyncPipeline:
   """Builds the stages of a split model, its initial state, and runs one synchronous iteration at a time."""
 
   def __init__(self, model: Model, split: Split, schedule: SyncSchedule, devices: Sequence[jax.Device], *,
-               optimizer: Optimizer, lr: Callable, inputs: Callable):
+               optimizer: Optimizer, lr: Callable, inputs: Callable, data_parallel: int = 1):
+    """Stage k runs on ``devices[k]`` (stages share devices when there are fewer than K), or with
+    ``data_parallel`` = D > 1 on devices[k D : (k + 1) D]."""
     self.model, self.split, self.schedule, self.optimizer, self.inputs = model, split, schedule, optimizer, inputs
-    self.devices = [devices[k % len(devices)] for k in range(schedule.num_stages)]
-    self.stages = [SyncStage(k, c, k == schedule.last, d, optimizer, lr, schedule.micro_batches)
-                   for k, (c, d) in enumerate(zip(model.cut(split.boundaries), self.devices))]
+    K, D = schedule.num_stages, data_parallel
+    self.places = [StagePlace(devices[k * D:(k + 1) * D] if D > 1 else [devices[k % len(devices)]])
+                   for k in range(K)]
+    self.devices = [w.device for w in self.places]
+    self.stages = [SyncStage(k, c, k == schedule.last, w, optimizer, lr, schedule.micro_batches)
+                   for k, (c, w) in enumerate(zip(model.cut(split.boundaries), self.places))]
     self.prepare = jax.jit(lambda images, step: self.inputs(images, step))
     self.message_bytes: list[int] = []  # per stage: its outputs and the gradients coming back, one iteration
     self.held: list[int] = [0] * schedule.num_stages  # the most residuals the last iteration kept at once
     self.held_bytes: list[int] = [0] * schedule.num_stages
+    # per stage: the bytes its devices put into all-reduces in an iteration (read from the compiled passes,
+    # collectives.py; 0 for a stage on one device), known after the first profiled iteration
+    self.allreduce_bytes: list[int] | None = None
 
   def init(self, rng: jax.Array, example: Batch) -> PipelineState:
     variables = self.model.init(rng, jnp.zeros((1, *example.images.shape[1:]), jnp.float32))
@@ -113,7 +155,7 @@ class SyncPipeline:
                            params, stats, x)
         self.message_bytes.append(self.schedule.micro_batches * (2 * y.size * y.dtype.itemsize + micro * 4))
         x = y
-      states.append(place(StageState(params, stats, self.optimizer.init(params), (), (), ()), stage.device))
+      states.append(stage.where.state(StageState(params, stats, self.optimizer.init(params), (), (), ())))
     return PipelineState(tuple(states))
 
   def step(self, state: PipelineState, batch: Batch, t: int, record=None) -> tuple[PipelineState, dict]:
@@ -122,52 +164,68 @@ class SyncPipeline:
     record = record or (lambda *args: None)
     s, step, M = self.schedule, np.int32(t), self.schedule.micro_batches
     first, last = self.stages[0], self.stages[-1]
-    images, labels = place((batch.images, batch.labels), first.device)
-    inputs = jnp.split(self.prepare(images, step), M)
-    labels = move(jnp.split(labels, M), last.device)
+    if len(first.where.devices) == 1:
+      images, labels = place((batch.images, batch.labels), first.device)
+      inputs = jnp.split(self.prepare(images, step), M)
+      labels = move(jnp.split(labels, M), last.device)
+    else:  # augmented on the whole batch (BP's draws), then each micro-batch split over the stage's devices
+      images = jax.device_put(batch.images, first.where.split)
+      inputs = [first.where.batch(x) for x in jnp.split(self.prepare(images, step), M)]
+      labels = [last.where.batch(y) for y in np.split(np.asarray(batch.labels), M)]
     params = [st.params for st in state.stages]
     stats = [st.batch_stats for st in state.stages]
     totals = [jax.tree.map(jnp.zeros_like, p) for p in params]
     arriving, gradients, kept, waiting, metrics = {}, {}, {}, {}, []
+    shapes = {}  # (stage, pass) -> (function, its arguments' shapes and shardings): for allreduce_bytes
+    count = record is not None and self.allreduce_bytes is None and any(len(w.devices) > 1 for w in self.places)
+
+    def call(k, kind, fn, *args):
+      if count and (k, kind) not in shapes:
+        shapes[k, kind] = fn, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+                                           if isinstance(x, jax.Array) else x, args)
+      return fn(*args)
     held = [0] * s.num_stages
     self.held, self.held_bytes = [0] * s.num_stages, [0] * s.num_stages
     for k, (kind, m) in s.dispatch_order():
       stage = self.stages[k]
       if kind == 'F':
         x = inputs[m] if k == 0 else arriving.pop((k, m))
-        y, stats[k], kept[k, m], extra = stage.forward(params[k], stats[k], x, labels[m] if stage.last else None)
-        record(k, stage.device, f'F{m}', (y, stats[k], kept[k, m], extra), x)
+        y, stats[k], kept[k, m], extra = call(k, 'F', stage.forward, params[k], stats[k], x,
+                                              labels[m] if stage.last else None)
+        record(k, stage.where.devices, f'F{m}', (y, stats[k], kept[k, m], extra), x)
         held[k] += 1
         if held[k] > self.held[k]:
           self.held[k] = held[k]
-          self.held_bytes[k] = sum(held[k] * r.nbytes for r in jax.tree.leaves(kept[k, m]))
+          self.held_bytes[k] = sum(held[k] * device_bytes(r) for r in jax.tree.leaves(kept[k, m]))  # per device
         if stage.last:
           metrics.append(extra)
         else:
-          arriving[k + 1, m] = move(y, self.stages[k + 1].device)
+          arriving[k + 1, m] = self.stages[k + 1].where.batch(y)
         continue
       g = None if stage.last else gradients.pop((k, m)) if kind == 'B' else waiting.pop((k, m))
       if kind == 'W':
-        totals[k] = stage.weight(kept.pop((k, m)), g, totals[k])
-        record(k, stage.device, f'W{m}', totals[k], g)
+        totals[k] = call(k, 'W', stage.weight, kept.pop((k, m)), g, totals[k])
+        record(k, stage.where.devices, f'W{m}', totals[k], g)
         held[k] -= 1
         continue
       if s.splits_backward:
-        down = stage.backward_input(kept[k, m], g) if k > 0 else None
+        down = call(k, 'B', stage.backward_input, kept[k, m], g) if k > 0 else None
         waiting[k, m] = g
         if k > 0:  # stage 0 sends nothing down: its backward is all in W
-          record(k, stage.device, f'B{m}', down, g)
+          record(k, stage.where.devices, f'B{m}', down, g)
       else:
-        totals[k], down = stage.backward(kept.pop((k, m)), g, totals[k])
-        record(k, stage.device, f'B{m}', (totals[k], down), g)
+        totals[k], down = call(k, 'B', stage.backward, kept.pop((k, m)), g, totals[k])
+        record(k, stage.where.devices, f'B{m}', (totals[k], down), g)
         held[k] -= 1
       if k > 0:
-        gradients[k - 1, m] = move(down, self.stages[k - 1].device)
+        gradients[k - 1, m] = self.stages[k - 1].where.batch(down)
     new = []
     for k, (stage, st) in enumerate(zip(self.stages, state.stages)):
-      p, o = stage.apply(params[k], st.opt_state, totals[k], step)
-      record(k, stage.device, 'update', (p, o))
+      p, o = call(k, 'update', stage.apply, params[k], st.opt_state, totals[k], step)
+      record(k, stage.where.devices, 'update', (p, o))
       new.append(st._replace(params=p, opt_state=o, batch_stats=stats[k]))
+    if count:
+      self.allreduce_bytes = self._allreduce_bytes(shapes)
     out = {}
     if metrics:
       out = {name: sum(mm[name] for mm in metrics) / M for name in metrics[0]}
@@ -176,6 +234,18 @@ class SyncPipeline:
       out = move(out, jax.devices()[0])
       out = out if is_local(jax.devices()[0]) else {}
     return PipelineState(tuple(new)), out
+
+  def _allreduce_bytes(self, shapes: dict) -> list[int]:
+    """Each stage's all-reduce bytes in an iteration: every pass's, read from its compiled program, times the
+    passes of its kind the stage runs per iteration."""
+    per_stage = []
+    for k in range(self.schedule.num_stages):
+      runs = {'update': 1}
+      for kind, _ in self.schedule.order(k):
+        runs[kind] = runs.get(kind, 0) + 1
+      per_stage.append(sum(n * compiled_all_reduce_bytes(shapes[k, kind][0], *shapes[k, kind][1])
+                           for kind, n in runs.items() if (k, kind) in shapes))
+    return per_stage
 
   def eval_variables(self, state: PipelineState) -> dict:
     return whole_model(self.model, self.devices, state.stages, self.image_shape)
