@@ -187,6 +187,19 @@ def test_data_parallel_stages_give_one_devices_numbers(tmp_path):
   assert one.method.pipeline.allreduce_bytes is None  # one device per stage: nothing to reduce
 
 
+@pytest.mark.parametrize('method,extra', [('fdg', {'pipeline.keep': 'recompute', 'pipeline.corrector': 'predict'}),
+                                          ('ddg', {}), ('fr', {}), ('adl', {'pipeline.accumulation': 2})])
+def test_data_parallel_stages_of_the_asynchronous_methods(method, extra, tmp_path):
+  """The asynchronous pipelines split each stage over 2 devices too (K = 2 x D = 2): the numbers of one device
+  per stage, every stage's state on its own 2 devices."""
+  kw = dict(method=method, max_steps=6, **{'pipeline.num_stages': 2, 'optim.learning_rate': 0.02, **extra})
+  one = train_and_evaluate(tiny_config(**kw), str(tmp_path / 'd1'))
+  two = train_and_evaluate(tiny_config(**kw, **{'pipeline.data_parallel': 2}), str(tmp_path / 'd2'))
+  assert_trees_close(two.variables, one.variables, tol=5e-4)
+  for k, st in enumerate(two.state.stages):
+    assert jax.tree.leaves(st.params)[0].devices() == set(jax.devices()[2 * k:2 * k + 2])
+
+
 @pytest.mark.parametrize('overrides,field', [
     ({'pipeline.micro_batches': 3}, 'pipeline.micro_batches'),  # batch 32
     ({'pipeline.micro_batches': 0}, 'pipeline.micro_batches'),
@@ -206,5 +219,7 @@ def test_bad_synchronous_settings_stop_with_one_line(overrides, field):
 def test_more_stages_times_devices_than_present_stop_before_compute(workdir):
   with pytest.raises(ConfigError, match=r'^config.pipeline.data_parallel: 2 stages x 4 devices = 8 devices, but only 4'):
     train_and_evaluate(sync_config('gpipe', **{'pipeline.data_parallel': 4}), workdir)
-  with pytest.raises(ConfigError, match=r'^config.pipeline.data_parallel: fdg runs each stage on one device'):
-    validate(tiny_config(method='fdg', **{'pipeline.data_parallel': 2}))
+  with pytest.raises(ConfigError, match=r"^config.pipeline.data_parallel: dgl's stages split over devices"):
+    validate(tiny_config(method='dgl', **{'pipeline.data_parallel': 2}))
+  with pytest.raises(ConfigError, match=r'^config.pipeline.data_parallel: 2 devices per stage do not divide the batch'):
+    validate(tiny_config(method='fdg', batch_size=31, **{'pipeline.data_parallel': 2}))

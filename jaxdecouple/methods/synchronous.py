@@ -31,33 +31,11 @@ class SynchronousPipeline(PipelineMethod):
     if config.batch_size % p.micro_batches:
       fail('pipeline.micro_batches', f'{p.micro_batches} does not divide batch_size={config.batch_size}; '
            'choose M dividing the batch (micro-batches of equal size)')
-    if p.data_parallel < 1:
-      fail('pipeline.data_parallel', f'must be at least 1 (devices per stage), got {p.data_parallel}')
-    micro = config.batch_size // p.micro_batches
-    if p.data_parallel > 1 and micro % p.data_parallel:
-      fail('pipeline.data_parallel', f'{p.data_parallel} devices per stage do not divide the micro-batch of {micro} '
-           f'(batch_size {config.batch_size} / {p.micro_batches} micro-batches); choose D dividing it')
-    if p.data_parallel > 1 and p.num_devices:
-      fail('pipeline.num_devices', 'with pipeline.data_parallel > 1 every stage has D devices of its own (K x D in '
-           'all); leave pipeline.num_devices at 0')
-    if p.data_parallel > 1 and config.distributed.coordinator:
-      fail('pipeline.data_parallel', 'data parallelism inside stages runs in one process in this version (K x D '
-           'devices of one host); across processes use data_parallel=1')
     for field, value, default in (('beta', p.beta, 1.0), ('keep', p.keep, 'vjp'), ('corrector', p.corrector, 'none'),
                                   ('diagnose_every_steps', p.diagnose_every_steps, 0)):
       if value != default:
         fail(f'pipeline.{field}', f'{cls.name} is synchronous: no gradient is delayed, so {value!r} has nothing '
              f'to act on; leave it at {default!r}')
-
-  def __init__(self, setup):
-    super().__init__(setup)
-    p = setup.config.pipeline
-    if p.data_parallel > 1:  # K x D devices, stage k on the k-th D of them
-      need = p.num_stages * p.data_parallel
-      if need > len(setup.devices):
-        fail('pipeline.data_parallel', f'{p.num_stages} stages x {p.data_parallel} devices = {need} devices, but only '
-             f'{len(setup.devices)} are present; lower K or D, or add devices (--config.cpu_devices={need} on a CPU)')
-      self._devices = list(setup.devices[:need])
 
   def _build(self, example: Batch) -> SyncPipeline:
     s, p = self.setup, self.setup.config.pipeline

@@ -27,7 +27,7 @@ def describe(pipeline: Pipeline, state: PipelineState) -> list[str]:
   for k, (stage, st) in enumerate(zip(pipeline.stages, state.stages)):
     names = stage.chain.names
     lines.append(
-        f'  stage {k} on {stage.device}'
+        f'  stage {k} on {stage.where}'
         + (f' (process {stage.device.process_index})' if jax.process_count() > 1 else '') + f': blocks {names[0]}..{names[-1]} ({len(names)}), '
         f'{count_params(st.params) / 1e6:.3f}M params, est. {costs[k] / 1e6:.1f} MFLOP/8 images '
         f'({100 * costs[k] / total:.0f}%), delay {s.delay(k)}, staleness {s.staleness(k):.2f} updates, '

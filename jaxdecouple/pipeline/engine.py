@@ -22,7 +22,7 @@ from jaxdecouple.data import Batch
 from jaxdecouple.models import Model, relayout
 from jaxdecouple.optim import Optimizer
 from jaxdecouple.pipeline.correctors import Corrector
-from jaxdecouple.pipeline.placement import is_local, move, place
+from jaxdecouple.pipeline.placement import StagePlace, is_local, move, place
 from jaxdecouple.pipeline.schedule import Schedule
 from jaxdecouple.pipeline.splits import Split
 from jaxdecouple.pipeline.stage import KEEPS, AuxHeadState, Stage, StageState  # noqa: F401  (re-exported)
@@ -37,15 +37,20 @@ class Pipeline:
 
   def __init__(self, model: Model, split: Split, schedule: Schedule, devices: Sequence[jax.Device], *,
                keep: str, beta: float, optimizer: Optimizer, lr: Callable, inputs: Callable,
-               split_backward: bool, corrector: Corrector | None = None):
+               split_backward: bool, corrector: Corrector | None = None, data_parallel: int = 1):
     if keep not in KEEPS:
       raise ValueError(f'keep must be one of {KEEPS}, got {keep!r}')
     self.model, self.split, self.schedule, self.optimizer = model, split, schedule, optimizer
     self.keep, self.beta, self.inputs = keep, beta, inputs
-    self.devices = [devices[k % len(devices)] for k in range(schedule.num_stages)]
+    K, D = schedule.num_stages, data_parallel  # D > 1: stage k on devices[k D : (k + 1) D] (placement.StagePlace)
+    self.places = [StagePlace(devices[k * D:(k + 1) * D] if D > 1 else [devices[k % len(devices)]])
+                   for k in range(K)]
+    self.devices = [w.device for w in self.places]
     self.stages = [Stage(k, c, schedule, keep, beta, optimizer, lr, inputs, split_backward, d, model.num_classes,
                          model.dtype, corrector)
                    for k, (c, d) in enumerate(zip(model.cut(split.boundaries), self.devices))]
+    for stage, where in zip(self.stages, self.places):
+      stage.where = where
     self.message_bytes: list[int] = []
     self._tags: dict | None = None
 
@@ -75,8 +80,13 @@ class Pipeline:
         aux = AuxHeadState(head['params'], head['batch_stats'], self.optimizer.init(head['params']))
       accum = zeros(params) if self.schedule.accumulation > 1 else ()
       corrector = stage.corrector.init(params) if stage.corrector is not None else ()
-      states.append(place(StageState(params, stats, self.optimizer.init(params), ring, inbox, grad_inbox,
-                                     accum, aux, corrector), stage.device))
+      if len(stage.where.devices) == 1:
+        states.append(place(StageState(params, stats, self.optimizer.init(params), ring, inbox, grad_inbox,
+                                       accum, aux, corrector), stage.device))
+      else:  # what arrives with a micro-batch is split over the stage's devices, the rest replicated
+        states.append(stage.where.state(StageState(params, stats, self.optimizer.init(params), ring, (), (), accum,
+                                                   aux, corrector))._replace(inbox=stage.where.batch(inbox),
+                                                                             grad_inbox=stage.where.batch(grad_inbox)))
       x = y
     return PipelineState(tuple(states))
 
@@ -110,9 +120,10 @@ class Pipeline:
     for k, (stage, st) in enumerate(zip(self.stages, state.stages)):
       fb, bb = s.forward_batch(k, t), s.backward_batch(k, t)
       if k == 0:
-        x, labels = place((batch.images, batch.labels), stage.device)
+        x, labels = place((batch.images, batch.labels), stage.device) if len(stage.where.devices) == 1 else \
+            stage.where.batch((batch.images, batch.labels))
       elif s.forward_locked:
-        x, labels = move(up[k - 1][1], stage.device) if fb is not None else (None, None)
+        x, labels = stage.where.batch(up[k - 1][1]) if fb is not None else (None, None)
       else:
         x, labels = st.inbox
         if fb is not None:
@@ -126,7 +137,7 @@ class Pipeline:
                                                         backward=backward, apply=s.updates_at(k, t), slot=slot)
       metrics.update(stage_metrics)
       if record is not None:
-        record(k, stage.device, f'iteration {t}', (new_states[k], y, grad), (x, st.grad_inbox))
+        record(k, stage.where.devices, f'iteration {t}', (new_states[k], y, grad), (x, st.grad_inbox))
       if stage.delay and fb is not None:
         self._tags['ring', k, slot] = fb
       if y is not None:
@@ -136,10 +147,10 @@ class Pipeline:
     for k, stage in enumerate(self.stages):  # the exchange
       if k - 1 in up and not s.forward_locked:
         self._tags['up', k], message = up[k - 1]
-        new_states[k] = new_states[k]._replace(inbox=move(message, stage.device))
+        new_states[k] = new_states[k]._replace(inbox=stage.where.batch(message))
       if k + 1 in down:
         self._tags['down', k], message = down[k + 1]
-        new_states[k] = new_states[k]._replace(grad_inbox=(move(message, stage.device),))
+        new_states[k] = new_states[k]._replace(grad_inbox=(stage.where.batch(message),))
     if jax.process_count() > 1 and metrics:  # to process 0, which writes them
       metrics = move(metrics, jax.devices()[0])
       metrics = metrics if is_local(jax.devices()[0]) else {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 
 def is_local(device: jax.Device) -> bool:
@@ -30,3 +31,35 @@ def move(tree, device: jax.Device):
   """Device arrays to ``device`` (across processes, a transfer where they live elsewhere); arrays already
   there stay (a put of another process's array onto its own device is not a no-op in JAX)."""
   return jax.tree.map(lambda x: x if x.devices() == {device} else jax.device_put(x, device), tree)
+
+
+class StagePlace:
+  """Where a stage lives: one device, or D devices that split each of its micro-batches (data parallelism
+  inside the stage). With D devices the stage's parameters, statistics and optimizer are replicated on all
+  of them and every activation, gradient and label it receives is sharded along the batch; its compiled
+  passes are the same functions, which XLA partitions from those shardings: each device computes its part
+  of the micro-batch, BatchNorm's batch statistics and the weight gradients are summed over the D devices
+  (all-reduces XLA inserts), so the numbers are D = 1's on the same micro-batch."""
+
+  def __init__(self, devices: Sequence[jax.Device]):
+    self.devices, self.device = tuple(devices), devices[0]
+    if len(devices) > 1:
+      mesh = Mesh(np.array(devices), ('data',))
+      self.whole, self.split = NamedSharding(mesh, P()), NamedSharding(mesh, P('data'))
+
+  def state(self, tree):
+    """Parameters and the like: on the device, or replicated on the stage's devices."""
+    return place(tree, self.device) if len(self.devices) == 1 else jax.device_put(tree, self.whole)
+
+  def batch(self, tree):
+    """What a micro-batch brings (images, activations, gradients, labels): to the device, or split."""
+    return move(tree, self.device) if len(self.devices) == 1 else jax.device_put(tree, self.split)
+
+  def __str__(self) -> str:
+    return ', '.join(str(d) for d in self.devices)
+
+
+def device_bytes(x) -> int:
+  """Bytes of ``x`` on one of its devices (all of it on one device; a shard of a split array)."""
+  shards = x.addressable_shards
+  return shards[0].data.nbytes if shards else x.nbytes
