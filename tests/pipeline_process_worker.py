@@ -8,7 +8,8 @@ WORKDIR may hold '{process}', replaced by the process id (each process its own w
 PROCESS_ID -1 runs the same alone, in one process with DEVICES devices: the reference (XLA:CPU's numbers
 depend on how many devices a process splits the cores into, so the reference is a process too).
 
-RUN is NAME:METHOD:K:STEPS[:ckpt=N][:die=P@S] (K: stages, or ResIST's workers; ckpt: a checkpoint every N steps,
+RUN is NAME:METHOD:K:STEPS[:ckpt=N][:die=P@S][:dp=D] (K: stages, or ResIST's workers; dp: devices per stage;
+ckpt: a checkpoint every N steps,
 else only at the end; die: process P kills itself right after its checkpoint at step S is written, as a crashed
 machine would). A NAME ending in _stream trains on streamed JPEGs (dataset
 imagenet) from the folder in $STREAM_FOLDER."""
@@ -77,6 +78,7 @@ def main(process_id: int, port: int, workdir: str, out: str, runs: list[str]):
       Checkpointer.save = save_then_die
     config = pipeline_config(method, int(k), int(steps), stream=name.endswith('_stream'),
                              every=int(options.get('ckpt', 0)))
+    config.pipeline.data_parallel = int(options.get('dp', 1))
     if process_id >= 0:
       config.distributed.coordinator = f'127.0.0.1:{port}'
       config.distributed.num_processes, config.distributed.process_id = 2, process_id

@@ -27,10 +27,11 @@ from conftest import communicate_within, run_within, scaled_timeout, timed_out, 
 from test_multiprocess import free_port  # noqa: E402
 
 
-def start(tmp_path, devices: int, runs: list[str], tag: str = 'p', port: int | None = None, workdir: str = 'w'):
+def start(tmp_path, devices: int, runs: list[str], tag: str = 'p', port: int | None = None, workdir: str = 'w',
+          env: dict | None = None):
   port = port or free_port()
   return [subprocess.Popen([sys.executable, os.path.join(HERE, 'pipeline_process_worker.py'), str(i), str(port),
-                            str(devices), str(tmp_path / workdir), str(tmp_path / f'{tag}{i}'), *runs], env=ENV,
+                            str(devices), str(tmp_path / workdir), str(tmp_path / f'{tag}{i}'), *runs], env=env or ENV,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
 
 
@@ -65,13 +66,13 @@ def sigterm_process_1_once(procs, pattern: str, at_least: int, run: str, tmp_pat
   return stopped[0]
 
 
-def one_process(tmp_path, devices: int, runs: list[str]):
+def one_process(tmp_path, devices: int, runs: list[str], env: dict | None = None):
   """The same runs alone in one process with ``devices`` CPU devices (files ref_NAME.npz). A process,
   not this one: XLA:CPU's numbers depend on how many devices a process splits the cores into (this
   one has 4), not on which of them a stage runs on."""
   proc = run_within([sys.executable, os.path.join(HERE, 'pipeline_process_worker.py'), '-1', '0', str(devices),
                      str(tmp_path / 'single'), str(tmp_path / 'ref'), *runs], 300, 'in the one-process reference',
-                    env=ENV, capture_output=True, text=True)
+                    env=env or ENV, capture_output=True, text=True)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -118,6 +119,22 @@ def test_four_stages_over_two_processes_of_two_devices(tmp_path):
   assert codes == [0, 0], logs
   assert_same(tmp_path / 'p0_fdg4.npz', tmp_path / 'ref_fdg4.npz')
   assert_same(tmp_path / 'p1_fdg4.npz', tmp_path / 'ref_fdg4.npz')
+
+
+def test_stages_split_over_two_devices_in_each_of_two_processes(tmp_path):
+  """K = 2 x D = 2 (pipeline.data_parallel): stage 0 on process 0's two devices, stage 1 on process 1's, each
+  batch split over them, activations, gradients and labels sent between the processes' device pairs; FDG and
+  1F1B give the one-process numbers on 4 devices bit for bit. Every process here gets an intra-op pool of 4
+  (the reference's device count), so that the reductions split alike."""
+  runs, env = ['fdg_dp:fdg:2:4:dp=2', '1f1b_dp:1f1b:2:4:dp=2'], {**ENV, 'PJRT_NPROC': '4'}
+  procs = start(tmp_path, 2, runs, env=env)
+  one_process(tmp_path, 4, runs, env=env)
+  codes, logs = finish(procs)
+  assert codes == [0, 0], logs
+  for run in runs:
+    name = run.split(':')[0]
+    for i in range(2):
+      assert_same(tmp_path / f'p{i}_{name}.npz', tmp_path / f'ref_{name}.npz')
 
 
 def test_a_killed_process_and_a_sigterm_resume_exactly(tmp_path):

@@ -64,9 +64,6 @@ class PipelineMethod(Method):
                                  'device per stage with BP; leave it at 0 with data_parallel > 1')):
         if value:
           fail(f'pipeline.{field}', why)
-      if config.distributed.coordinator:
-        fail('pipeline.data_parallel', 'data parallelism inside stages runs in one process in this version (K x D '
-             'devices of one host); across processes use data_parallel=1')
       if cls.name == 'dgl':  # measured: 3e-5 apart from D = 1 after one step, where FDG's are 1e-7 apart
         fail('pipeline.data_parallel', "dgl's stages split over devices do not give the one-device numbers yet "
              '(its auxiliary heads; not understood); use data_parallel=1 with dgl')
@@ -104,7 +101,8 @@ class PipelineMethod(Method):
              f'{len(available)} are present; lower K or D, or add devices (--config.cpu_devices={need} on a CPU)')
       self._devices = available[:need]
     if jax.process_count() > 1:  # every process must drive a stage, or it would only wait
-      owners = {self._devices[k % n].process_index for k in range(p.num_stages)}
+      D = p.data_parallel
+      owners = {self._devices[k * D if D > 1 else k % n].process_index for k in range(p.num_stages)}
       if len(owners) < jax.process_count():
         idle = sorted(set(range(jax.process_count())) - owners)
         fail('pipeline.num_stages', f'{p.num_stages} stages on {n} devices ({len(available)} in all, '

@@ -22,7 +22,7 @@ from jaxdecouple.data import Batch
 from jaxdecouple.models import Model, relayout
 from jaxdecouple.optim import Optimizer
 from jaxdecouple.pipeline.correctors import Corrector
-from jaxdecouple.pipeline.placement import StagePlace, is_local, move, place
+from jaxdecouple.pipeline.placement import StagePlace, is_local, move, on_one_device, place
 from jaxdecouple.pipeline.schedule import Schedule
 from jaxdecouple.pipeline.splits import Split
 from jaxdecouple.pipeline.stage import KEEPS, AuxHeadState, Stage, StageState  # noqa: F401  (re-exported)
@@ -152,7 +152,7 @@ class Pipeline:
         self._tags['down', k], message = down[k + 1]
         new_states[k] = new_states[k]._replace(grad_inbox=(stage.where.batch(message),))
     if jax.process_count() > 1 and metrics:  # to process 0, which writes them
-      metrics = move(metrics, jax.devices()[0])
+      metrics = move(on_one_device(metrics, self.devices[-1]), jax.devices()[0])
       metrics = metrics if is_local(jax.devices()[0]) else {}
     return PipelineState(tuple(new_states)), metrics
 
@@ -166,6 +166,7 @@ def whole_model(model: Model, devices: Sequence[jax.Device], stages: Sequence[St
   copies = {}
   for device in ([devices[0]] if jax.process_count() == 1 else
                  [next(d for d in jax.devices() if d.process_index == p) for p in range(jax.process_count())]):
-    copies[device] = [move({'params': st.params, 'batch_stats': st.batch_stats}, device) for st in stages]
+    copies[device] = [move(on_one_device({'params': st.params, 'batch_stats': st.batch_stats}, first), device)
+                      for st, first in zip(stages, devices)]
   mine = next(parts for device, parts in copies.items() if is_local(device))
   return relayout(mine, model.chain, image_shape)

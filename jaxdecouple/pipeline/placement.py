@@ -33,6 +33,19 @@ def move(tree, device: jax.Device):
   return jax.tree.map(lambda x: x if x.devices() == {device} else jax.device_put(x, device), tree)
 
 
+def on_one_device(tree, device: jax.Device):
+  """A tree replicated over a stage's devices as the copy on ``device`` (one of them), so that it can travel as
+  a single-device array (across processes too: the other processes get its shape on that device)."""
+  def one(x):
+    if len(x.devices()) == 1:
+      return x
+    if is_local(device):
+      return next(s.data for s in x.addressable_shards if s.device == device)
+    return jax.make_array_from_single_device_arrays(x.shape, jax.sharding.SingleDeviceSharding(device), [],
+                                                    dtype=x.dtype)
+  return jax.tree.map(one, tree)
+
+
 class StagePlace:
   """Where a stage lives: one device, or D devices that split each of its micro-batches (data parallelism
   inside the stage). With D devices the stage's parameters, statistics and optimizer are replicated on all

@@ -31,7 +31,7 @@ from jaxdecouple.models import Model, relayout
 from jaxdecouple.optim import Optimizer
 from jaxdecouple.pipeline.collectives import compiled_all_reduce_bytes
 from jaxdecouple.pipeline.engine import PipelineState, whole_model
-from jaxdecouple.pipeline.placement import StagePlace, device_bytes, is_local, move, place
+from jaxdecouple.pipeline.placement import StagePlace, device_bytes, is_local, move, on_one_device, place
 from jaxdecouple.pipeline.splits import Split
 from jaxdecouple.pipeline.stage import StageState
 from jaxdecouple.pipeline.sync_schedule import SyncSchedule
@@ -198,7 +198,7 @@ class SyncPipeline:
       out = {name: sum(mm[name] for mm in metrics) / M for name in metrics[0]}
       out['learning_rate'] = last.lr(step)
     if jax.process_count() > 1 and out:  # to process 0, which writes them
-      out = move(out, jax.devices()[0])
+      out = move(on_one_device(out, last.device), jax.devices()[0])
       out = out if is_local(jax.devices()[0]) else {}
     return PipelineState(tuple(new)), out
 
