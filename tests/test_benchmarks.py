@@ -183,3 +183,25 @@ def test_resist_round_benchmark_sets_resist_beside_local_sgd(capsys):
   assert '8-bit codes on the wire' in capsys.readouterr().out
   with pytest.raises(SystemExit, match='replica.quantize_bits: must be 0'):  # checked as training checks it
     load('resist_round').main(['--model=preact_tiny', '--workers=2', '--quantize_bits=9'])
+
+
+def test_bytes_per_iteration_counts_each_method_from_what_moves(capsys):
+  """The ResIST paper's Figure 4 counted: data parallelism's all-reduces read from its compiled step are its
+  gradient, BatchNorm's statistics twice (forward and backward) and the mean loss and accuracy; ResIST moves
+  less than local SGD; GPipe's messages are the pipeline's own."""
+  import jax
+  import numpy as np
+  records = load('bytes_per_iteration').main(['--model=preact_tiny', '--workers=2', '--batch=4', '--local_steps=5',
+                                              '--micro_batches=2'])
+  by = {r['method']: r for r in records}
+  assert list(by) == ['resist', 'localsgd', 'dp', 'gpipe']
+  assert 0 < by['resist']['per_iteration_mb'] < by['localsgd']['per_iteration_mb']
+  assert by['resist']['per_round_mb'] == pytest.approx(5 * by['resist']['per_iteration_mb'], rel=1e-2)
+  from jaxdecouple.models import build_model
+  model = build_model('preact_tiny', 10)
+  variables = model.init(jax.random.key(0), np.zeros((1, 32, 32, 3), np.float32))
+  params = sum(x.nbytes for x in jax.tree.leaves(variables['params']))
+  stats = sum(x.nbytes for x in jax.tree.leaves(variables.get('batch_stats', {})))
+  assert by['dp']['per_iteration_mb'] == round((params + 2 * stats + 8) / 1e6, 4)
+  assert by['gpipe']['per_iteration_mb'] > 0 and by['gpipe']['busiest_boundary_mb'] >= by['gpipe']['per_iteration_mb']
+  assert '| dp |' in capsys.readouterr().out
