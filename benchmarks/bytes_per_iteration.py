@@ -1,7 +1,8 @@
 """Bytes each device moves per training iteration: ResIST, local SGD, data parallelism and GPipe on the same model
 and the same images per iteration (the ResIST paper's Figure 4, counted here from what moves).
 
-  python benchmarks/bytes_per_iteration.py --model=preact101 --workers=4 --batch=32 --local_steps=50 --cpu_devices=4
+  python benchmarks/bytes_per_iteration.py --model=preact101 --workers=4 --batch=32 --local_steps=50 --cpu_devices=4 \
+      --figure=docs/figures/bytes_per_iteration_preact101.png
 
 S = --workers devices; every method trains S x --batch images per iteration:
 - resist, localsgd: S workers of --batch each, averaging every --local_steps iterations. One round is run and
@@ -33,7 +34,26 @@ def parse_args(argv=None):
   p.add_argument('--micro_batches', type=int, default=4, help='gpipe: micro-batches per iteration')
   p.add_argument('--cpu_devices', type=int, default=0, help='split the host CPU into N JAX devices')
   p.add_argument('--json_out', default='', help='also append the JSON lines to this file')
+  p.add_argument('--figure', default='', help='also draw the bars to this PNG')
   return p.parse_args(argv)
+
+
+def draw(records, path: str, title: str) -> None:
+  """A bar per method: MB per device and iteration (log scale: they differ by orders of magnitude)."""
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(6, 3.2))
+  names = [r['method'] for r in records]
+  values = [r['per_iteration_mb'] for r in records]
+  ax.bar(names, values, color=['C0', 'C1', 'C2', 'C3'][:len(names)])
+  ax.set_yscale('log')
+  ax.set(ylabel='MB per device and iteration', title=title)
+  for i, v in enumerate(values):
+    ax.text(i, v, f'{v:.3g}', ha='center', va='bottom', fontsize=8)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=120, metadata={'Software': None})
 
 
 def config(args, method: str):
@@ -104,6 +124,8 @@ def main(argv=None):
   print('|---|---|---|---|')
   for r in records:
     print(f"| {r['method']} | {r['per_iteration_mb']:.4f} | {r['per_iteration_mb'] / base:.3f} | {r['counted']} |")
+  if args.figure:
+    draw(records, args.figure, f'{args.model}, S = {args.workers}, L = {args.local_steps}, GPipe M = {args.micro_batches}')
   return records
 
 

@@ -185,14 +185,15 @@ def test_resist_round_benchmark_sets_resist_beside_local_sgd(capsys):
     load('resist_round').main(['--model=preact_tiny', '--workers=2', '--quantize_bits=9'])
 
 
-def test_bytes_per_iteration_counts_each_method_from_what_moves(capsys):
+def test_bytes_per_iteration_counts_each_method_from_what_moves(capsys, tmp_path):
   """The ResIST paper's Figure 4 counted: data parallelism's all-reduces read from its compiled step are its
   gradient, BatchNorm's statistics twice (forward and backward) and the mean loss and accuracy; ResIST moves
   less than local SGD; GPipe's messages are the pipeline's own."""
   import jax
   import numpy as np
   records = load('bytes_per_iteration').main(['--model=preact_tiny', '--workers=2', '--batch=4', '--local_steps=5',
-                                              '--micro_batches=2'])
+                                              '--micro_batches=2', f'--figure={tmp_path / "bytes.png"}'])
+  assert os.path.getsize(tmp_path / 'bytes.png') > 0
   by = {r['method']: r for r in records}
   assert list(by) == ['resist', 'localsgd', 'dp', 'gpipe']
   assert 0 < by['resist']['per_iteration_mb'] < by['localsgd']['per_iteration_mb']
