@@ -41,6 +41,7 @@ def parse_args(argv=None):
   p.add_argument('--pipelines', default='fdg', help='comma-separated pipeline methods, each K = 2 over the 2 '
                  'processes: fdg, adl, ddg, fr, dgl, gpipe, 1f1b, zb_h1')
   p.add_argument('--micro_batches', type=int, default=4, help='gpipe, 1f1b, zb_h1: micro-batches per iteration')
+  p.add_argument('--split', default='auto', help="pipeline.split: auto (the paper's reference split), balanced, ...")
   p.add_argument('--role', default='', help=argparse.SUPPRESS)  # bp | stage:PROCESS_ID:PORT:METHOD (a child)
   p.add_argument('--json_out', default='', help='also append the JSON lines to this file')
   return p.parse_args(argv)
@@ -62,7 +63,7 @@ def child(args) -> dict:
   c.method = 'bp'
   if args.role.startswith('stage'):
     _, pid, port, method = args.role.split(':')
-    c.method, c.pipeline.num_stages, c.pipeline.micro_batches = method, 2, args.micro_batches
+    c.method, c.pipeline.num_stages, c.pipeline.micro_batches, c.pipeline.split = method, 2, args.micro_batches, args.split
     c.distributed.coordinator, c.distributed.num_processes, c.distributed.process_id = f'127.0.0.1:{port}', 2, int(pid)
     start_processes(c.distributed, transfers=True)
   ds = load_dataset(c.data, c.dataset)
@@ -96,7 +97,8 @@ def child(args) -> dict:
 
 def launch(args, role: str, cores: list[int]) -> subprocess.Popen:
   cmd = [sys.executable, os.path.abspath(__file__), f'--model={args.model}', f'--batch={args.batch}',
-         f'--warmup={args.warmup}', f'--iters={args.iters}', f'--micro_batches={args.micro_batches}', f'--role={role}']
+         f'--warmup={args.warmup}', f'--iters={args.iters}', f'--micro_batches={args.micro_batches}',
+         f'--split={args.split}', f'--role={role}']
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
   return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                           preexec_fn=lambda: os.sched_setaffinity(0, cores))
