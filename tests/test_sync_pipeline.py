@@ -188,7 +188,7 @@ def test_data_parallel_stages_give_one_devices_numbers(tmp_path):
 
 
 @pytest.mark.parametrize('method,extra', [('fdg', {'pipeline.keep': 'recompute', 'pipeline.corrector': 'predict'}),
-                                          ('ddg', {}), ('fr', {}), ('adl', {'pipeline.accumulation': 2})])
+                                          ('ddg', {}), ('fr', {})])
 def test_data_parallel_stages_of_the_asynchronous_methods(method, extra, tmp_path):
   """The asynchronous pipelines split each stage over 2 devices too (K = 2 x D = 2): the numbers of one device
   per stage, every stage's state on its own 2 devices."""
