@@ -11,7 +11,6 @@ diagnosis against back-propagation (``diagnose.py``).
 """
 from __future__ import annotations
 
-import functools
 from typing import Callable, NamedTuple, Sequence
 
 import jax

@@ -4,6 +4,8 @@ what a stage computes: every process holds the whole pipeline's structure, and o
 a device holds real arrays on it."""
 from __future__ import annotations
 
+from typing import Sequence
+
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
