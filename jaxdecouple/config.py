@@ -18,7 +18,8 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.model_head_norm = True     # pre-activation nets: BN-ReLU before the pooling (False: the ResIST release's head)
   c.scan_blocks = 0            # runs of at least N identical blocks run as one scanned loop (0: never);
                                # ResNet-1202 compiles in seconds instead of minutes (docs/PERFORMANCE.md)
-  c.dataset = 'cifar10'        # cifar10, cifar100, fashion_mnist (in memory); imagenet (streamed from JPEGs)
+  c.dataset = 'cifar10'        # cifar10, cifar100, fashion_mnist (in memory); imagenet (streamed from JPEGs);
+                               # fortunes, text (byte-level text, data/text.py)
   c.seed = 0
   c.batch_size = 128
   c.num_epochs = 300
@@ -56,6 +57,7 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.data.crop_padding = 4
   c.data.flip = True
   c.data.normalization = 'default'  # 'adl': the ADL code's CIFAR-10 std
+  c.data.sequence_length = 128  # fortunes, text: bytes per example (the model predicts each next byte)
   c.data.synthetic_train_size = 512
   c.data.synthetic_test_size = 256
 

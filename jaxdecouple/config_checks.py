@@ -74,6 +74,24 @@ def _positive(config, field: str, allow_zero: bool = False):
     fail(field, f'must be {"non-negative" if allow_zero else "positive"}, got {value!r}')
 
 
+def _check_model_input(config) -> None:
+  """The model reads what the data set holds (bytes or images; a ViT's patches tile the image; a GPT has a
+  position for every byte of a sequence)."""
+  from jaxdecouple import data, models
+  tokens = config.dataset in data.TEXT_DATASETS
+  if tokens:
+    _positive(config, 'data.sequence_length')
+    shape = (config.data.sequence_length,)
+  else:
+    shape = data.DATASETS[config.dataset].image_shape
+    if config.dataset in data.STREAMED:
+      shape = (config.data.image_size, config.data.image_size, shape[-1])
+  try:
+    models.check_input(models.build_model(config.model, 10), shape, tokens)
+  except ValueError as e:
+    fail('model' if 'sequence_length' not in str(e) else 'data.sequence_length', str(e))
+
+
 def validate(config) -> None:
   """Checks every field; raises ConfigError with one line naming the field and what is allowed. The method's
   name and sections are the method's to check (``jaxdecouple.methods.validate``)."""
@@ -93,7 +111,8 @@ def validate(config) -> None:
       models.build_model(config.model, 10, head_norm=False)
     except ValueError as e:
       fail('model_head_norm', str(e))
-  _choice(config, 'dataset', sorted(data.DATASETS))
+  _choice(config, 'dataset', sorted((*data.DATASETS, *data.TEXT_DATASETS)))
+  _check_model_input(config)
   _choice(config, 'data.source', data.SOURCES)
   _choice(config, 'data.normalization', ('default', 'adl'))
   _choice(config, 'split_backward', ('auto', 'on', 'off'))

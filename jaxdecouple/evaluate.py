@@ -1,4 +1,5 @@
-"""Evaluation of the whole network on a test set: loss, top-1 and (100 classes or more) top-5 accuracy."""
+"""Evaluation of the whole network on a test set: loss, top-1 and (100 classes or more) top-5 accuracy; for
+byte-level text the loss and accuracy per byte and the bits per byte."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -30,17 +31,19 @@ class Evaluator:
     self.device = device
     self.exact_batches = exact_batches
     self.num_classes = num_classes
+    self.tokens = preprocess.tokens
 
     @jax.jit
     def sums(variables, images, labels, mask):
       logits = predict(variables, normalize(images, preprocess)).astype(jnp.float32)
-      losses = -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1)[:, 0]
+      losses = -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[..., None], axis=-1)[..., 0]
       correct = jnp.argmax(logits, -1) == labels
       if logits.shape[-1] >= 5:
-        correct5 = jnp.any(jax.lax.top_k(logits, 5)[1] == labels[:, None], axis=-1)
+        correct5 = jnp.any(jax.lax.top_k(logits, 5)[1] == labels[..., None], axis=-1)
       else:
         correct5 = jnp.zeros_like(correct)
-      return jnp.sum(losses * mask), jnp.sum(correct * mask), jnp.sum(correct5 * mask)
+      per_example = lambda a: a.reshape(a.shape[0], -1).mean(axis=1)  # text: the mean over an example's bytes
+      return tuple(jnp.sum(per_example(a) * mask) for a in (losses, correct, correct5))
 
     self._sums = sums
 
@@ -72,11 +75,13 @@ class Evaluator:
       if len(xb) < b and not self.exact_batches:  # pad the last batch: one compiled shape
         pad = b - len(xb)
         xb = np.concatenate([xb, np.zeros((pad, *xb.shape[1:]), xb.dtype)])
-        yb = np.concatenate([yb, np.zeros(pad, yb.dtype)])
+        yb = np.concatenate([yb, np.zeros((pad, *yb.shape[1:]), yb.dtype)])
         mask = np.concatenate([mask, np.zeros(pad, np.float32)])
       parts.append(self._sums(variables, *jax.device_put((xb, yb, mask), self.device)))
     totals = np.sum(np.asarray(jax.device_get(parts), np.float64), axis=0)
     out = {f'{prefix}_loss': totals[0] / len(x), f'{prefix}_accuracy': totals[1] / len(x)}
-    if self.num_classes >= self.TOP5_FROM_CLASSES:
+    if self.tokens:  # every example has the same number of bytes: the mean loss per byte, in bits
+      out[f'{prefix}_bits_per_byte'] = totals[0] / len(x) / np.log(2)
+    elif self.num_classes >= self.TOP5_FROM_CLASSES:
       out[f'{prefix}_top5_accuracy'] = totals[2] / len(x)
     return {k: float(v) for k, v in out.items()}

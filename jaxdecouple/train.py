@@ -20,7 +20,7 @@ from absl import logging
 
 from jaxdecouple.checkpoint import Checkpointer
 from jaxdecouple.clock import Clock, epoch_clock_at, itstime
-from jaxdecouple.data import Preprocess, TrainOrder, load_dataset
+from jaxdecouple.data import TrainOrder, load_dataset, preprocess_for
 from jaxdecouple.data.holdout import hold_out
 from jaxdecouple.data.stream import BlankImages, Prefetcher
 from jaxdecouple.errors import DivergenceError, fail
@@ -81,12 +81,7 @@ def build_setup(config, dataset) -> Setup:
                       scan_min=config.scan_blocks if METHODS[config.method].scans_blocks else 0,
                       dtype=config.compute_dtype, init=config.model_init, head_norm=config.model_head_norm)
   steps_per_epoch = len(dataset.x_train) // config.batch_size
-  if dataset.streamed:  # crops and flips were made on the host as the JPEGs were decoded
-    preprocess = Preprocess(tuple(dataset.mean), tuple(dataset.std), 0, False, False)
-  else:
-    preprocess = Preprocess(tuple(dataset.mean), tuple(dataset.std), config.data.crop_padding,
-                            config.data.flip, config.data.augment)
-  return Setup(config=config, model=model, preprocess=preprocess,
+  return Setup(config=config, model=model, preprocess=preprocess_for(dataset, config.data),
                optimizer=make_optimizer(config.optim),
                schedule=make_schedule(config.optim, steps_per_epoch),
                steps_per_epoch=steps_per_epoch, devices=jax.devices())

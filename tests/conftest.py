@@ -209,12 +209,12 @@ class SequentialStages:
 
   def __init__(self, config, tx=None):
     import jax.numpy as jnp
-    from jaxdecouple.data import Preprocess, TrainOrder, load_dataset
+    from jaxdecouple.data import TrainOrder, load_dataset, preprocess_for
     from jaxdecouple.models import build_model, subset
     from jaxdecouple.pipeline import choose_split
     self.config = config
     self.ds = load_dataset(config.data, config.dataset)
-    model = build_model(config.model, self.ds.num_classes)
+    self.model = model = build_model(config.model, self.ds.num_classes)
     variables = model.init(jax.random.key(config.seed), jnp.zeros((1, *self.ds.image_shape)))
     k = config.pipeline.num_stages
     self.stages = model.cut(choose_split(model, k, config.pipeline.split, self.ds.image_shape).boundaries)
@@ -224,8 +224,7 @@ class SequentialStages:
     self.tx = tx
     self.opt_states = [tx.init(p) for p in self.params] if tx is not None else None
     self.order = TrainOrder(len(self.ds.x_train), config.batch_size, config.seed)
-    self.pre = Preprocess(self.ds.mean, self.ds.std, config.data.crop_padding, config.data.flip,
-                          config.data.augment)
+    self.pre = preprocess_for(self.ds, config.data)
 
   def batch(self, t):
     """Micro-batch t: augmented inputs (keyed by t, as in training) and labels."""

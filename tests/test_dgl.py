@@ -32,13 +32,13 @@ def reference_dgl(config, steps, send_after_update=False):
   Returns the model's variables and each head's (params, batch_stats)."""
   K = config.pipeline.num_stages
   ref = SequentialStages(config)
-  head = AuxHead(ref.ds.num_classes)
+  head = ref.model.aux_head or AuxHead(ref.ds.num_classes)  # the model's own (a transformer's), else the ADL code's
   heads, momenta = [], []
   x = jnp.zeros((1, *ref.ds.image_shape))
   for k in range(K - 1):
     x = ref.run(k, ref.params[k], x, ref.stats[k])[0]
     v = jax.jit(functools.partial(head.init, train=False))(jax.random.fold_in(jax.random.key(config.seed), 1000 + k), x)
-    heads.append([v['params'], v['batch_stats']])
+    heads.append([v['params'], v.get('batch_stats', {})])
     momenta.append(jax.tree.map(jnp.zeros_like, v['params']))
   inputs, labels = [{} for _ in range(K)], {}
   head_forward = jax.jit(lambda hp, hs, y: head.apply({'params': hp, 'batch_stats': hs}, y, train=True,
@@ -62,7 +62,7 @@ def reference_dgl(config, steps, send_after_update=False):
         y, new = ref.run(k, p, inputs[k][m], ref.stats[k])
         logits, hv = head_forward(hp, heads[k][1], y)
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels[m]).mean()
-        return ce, (y, new, hv['batch_stats'])
+        return ce, (y, new, hv.get('batch_stats', {}))
       (gp, gh), (y, stats, heads[k][1]) = jax.grad(local_loss, (0, 1), has_aux=True)(
           ref.params[k], heads[k][0])
       ref.sgd(k, gp, lr)

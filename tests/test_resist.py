@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from conftest import assert_trees_close, assert_trees_equal, sgd_step, tiny_config
-from jaxdecouple.data import Preprocess, TrainOrder, load_dataset, train_inputs
+from jaxdecouple.data import Preprocess, TrainOrder, load_dataset, preprocess_for, train_inputs
 from jaxdecouple.errors import ConfigError
 from jaxdecouple.models import build_model
 from jaxdecouple.replica import SLOTS, compress, draw_partition, partitioned_blocks, slice_sizes, slot_apply
@@ -103,7 +103,7 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True, 
   error = [jax.tree.map(np.zeros_like, dict(init['params'])) for _ in range(S)]  # shared layers' unsent change
   chunk_error = {}  # two-stage exchange: each chunk owner's unsent error of its chunk
   orders = [TrainOrder(len(ds.x_train), config.batch_size, config.seed, stream=w) for w in range(S)]
-  pre = Preprocess(ds.mean, ds.std, config.data.crop_padding, config.data.flip, config.data.augment)
+  pre = preprocess_for(ds, config.data)
   spe = len(ds.x_train) // config.batch_size
 
   def owned(w, round_index):

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import (assert_trees_close, assert_trees_equal, communicate_within, run_within, scaled_timeout, sgd_step,
                       timed_out, tiny_config)
-from jaxdecouple.data import Preprocess, TrainOrder, load_dataset, train_inputs
+from jaxdecouple.data import Preprocess, TrainOrder, load_dataset, preprocess_for, train_inputs
 from jaxdecouple.errors import CheckpointError
 from jaxdecouple.models import build_model
 from jaxdecouple.train import train_and_evaluate
@@ -33,7 +33,7 @@ def reference_bp(config, steps):
   params, stats = variables['params'], variables['batch_stats']
   momentum = jax.tree.map(jnp.zeros_like, params)
   order = TrainOrder(len(ds.x_train), config.batch_size, config.seed)
-  pre = Preprocess(ds.mean, ds.std, 4, True, True)
+  pre = preprocess_for(ds, config.data)  # crop 4, flip, normalised (text: the bytes as they are)
   spe = order.steps_per_epoch
   forward = jax.jit(lambda p, s, x: model.apply({'params': p, 'batch_stats': s}, x, train=True))  # speed only
   for t in range(steps):

@@ -15,8 +15,8 @@ import numpy as np
 
 
 class Batch(NamedTuple):
-  images: np.ndarray | jax.Array  # uint8 [B, H, W, C]
-  labels: np.ndarray | jax.Array  # int32 [B]
+  images: np.ndarray | jax.Array  # uint8 [B, H, W, C] (text: uint8 bytes [B, T])
+  labels: np.ndarray | jax.Array  # int32 [B] (text: the next bytes, [B, T])
 
 
 class Preprocess(NamedTuple):
@@ -26,6 +26,18 @@ class Preprocess(NamedTuple):
   crop_padding: int = 4
   flip: bool = True
   augment: bool = True
+  tokens: bool = False  # text: the inputs are byte values, passed to the model as int32 (no augmentation)
+
+
+def preprocess_for(dataset, data_config) -> Preprocess:
+  """The preprocessing a data set's training inputs get: text none, streamed images their normalisation only
+  (crops and flips were made on the host as the JPEGs were decoded), in-memory images as configured."""
+  if dataset.tokens:
+    return Preprocess((), (), 0, False, False, tokens=True)
+  if dataset.streamed:
+    return Preprocess(tuple(dataset.mean), tuple(dataset.std), 0, False, False)
+  return Preprocess(tuple(dataset.mean), tuple(dataset.std), data_config.crop_padding, data_config.flip,
+                    data_config.augment)
 
 
 class TrainOrder:
@@ -62,13 +74,15 @@ class TrainOrder:
 
 
 def normalize(images: jax.Array, pre: Preprocess) -> jax.Array:
+  if pre.tokens:
+    return images.astype(jnp.int32)
   x = images.astype(jnp.float32) / 255.0
   return (x - jnp.asarray(pre.mean, jnp.float32)) / jnp.asarray(pre.std, jnp.float32)
 
 
 def augment(rng: jax.Array, images: jax.Array, pre: Preprocess) -> jax.Array:
   """Random crop from the zero-padded image and random horizontal flip, on uint8 pixels."""
-  if not pre.augment:
+  if not pre.augment or pre.tokens:
     return images
   n, h, w, _ = images.shape
   if pre.crop_padding:

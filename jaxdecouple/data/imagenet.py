@@ -13,6 +13,8 @@ import os
 
 import numpy as np
 
+from jaxdecouple.data import stream
+from jaxdecouple.data.datasets import DATASETS, Dataset
 from jaxdecouple.data.stream import JPEG_EXTENSIONS, Files
 from jaxdecouple.errors import DataError
 
@@ -201,3 +203,39 @@ def write_fake_folder(root: str, num_classes: int = 3, train_per_class: int = 8,
         pixels = np.clip(colours[c] + rng.normal(0, 30, size=(h, w, 3)), 0, 255).astype(np.uint8)
         Image.fromarray(pixels).save(os.path.join(folder, f'n{c:08d}_{i}.JPEG'), quality=quality)
   return root
+
+
+def load_streamed(data_config, name: str) -> Dataset:
+  """A data set read from JPEG files per batch: ``data.path`` (a folder with train/ and val/ class folders)
+  when given, else tensorflow-datasets (prepared, or from ``data.tfds_manual_dir``)."""
+  mean, std, tfds_name = DATASETS[name].mean, DATASETS[name].std, DATASETS[name].tfds_name
+  source = data_config.source
+  order = [source] if source != 'auto' else (['folder'] if data_config.path else ['tfds'])
+  attempts = {
+      'folder': lambda: load_folder(data_config.path),
+      'tfds': lambda: load_tfds_stream(tfds_name, data_config.tfds_data_dir, data_config.tfds_manual_dir),
+  }
+  tried = []
+  for s in order:
+    try:
+      train, test = attempts[s]()
+      break
+    except DataError:
+      raise
+    except Exception as e:  # not found / not installed: say what was tried
+      tried.append(f'{s}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'.rstrip(': '))
+  else:
+    raise DataError(f'no source could provide {name} (tried {"; ".join(tried)}). Give a folder with '
+                    'train/CLASS/*.JPEG and val/CLASS/*.JPEG as --config.data.path=FOLDER, or tensorflow-datasets\' '
+                    f'prepared {tfds_name} as --config.data.tfds_data_dir=DIR (or the manual-download folder as '
+                    '--config.data.tfds_manual_dir=DIR)')
+  variants = [v.strip() for v in data_config.imagenet_v2.split(',') if v.strip()]
+  if variants == ['all']:
+    variants = list(IMAGENET_V2)
+  extra = load_imagenet_v2(variants, data_config.imagenet_v2_dir, data_config.tfds_data_dir,
+                                    train.num_classes)
+  size, workers = data_config.image_size, data_config.workers
+  images = lambda files, training: stream.StreamImages(files, size, training, workers, flip=data_config.flip)
+  return Dataset(name, images(train, data_config.augment), None, images(test, False), None,
+                 num_classes=train.num_classes, mean=mean, std=std, source=s,
+                 extra_tests={k: images(v, False) for k, v in extra.items()})

@@ -1,73 +1,24 @@
 """Where data sets come from: IDX files, a local .npz, tensorflow-datasets, or synthetic arrays.
 
 Every source returns a :class:`Dataset` of uint8 images ``[N, H, W, C]`` and int32 labels held in
-host memory. ``load_dataset`` tries the sources in a clear order and, when none has the data, raises
+host memory (text, data/text.py: uint8 bytes ``[N, T]`` and the int32 next bytes ``[N, T]``). ``load_dataset`` tries the sources in a clear order and, when none has the data, raises
 one :class:`DataError` that lists what was tried and how to provide it.
 """
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import io
 import os
 import struct
 import zipfile
-from typing import NamedTuple
 
 import numpy as np
 
+from jaxdecouple.data.datasets import ADL_CIFAR10_STD, DATASETS, SOURCES, STREAM_SOURCES, STREAMED, Dataset, DatasetInfo  # noqa: F401
+from jaxdecouple.data.text import TEXT_DATASETS, VOCAB, load_text
 from jaxdecouple.errors import DataError
 
 DEFAULT_IDX_DIR = '/usr/share/datasets/fashion-mnist'
-
-
-class DatasetInfo(NamedTuple):
-  """What the code knows of a data set before loading it: its labels, its images' shape, the per-channel
-  mean and std its inputs are normalized with, and its name in tensorflow-datasets."""
-  num_classes: int
-  image_shape: tuple[int, int, int]
-  mean: tuple[float, ...]
-  std: tuple[float, ...]
-  tfds_name: str
-
-
-DATASETS = {
-    'cifar10': DatasetInfo(10, (32, 32, 3), (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010), 'cifar10'),
-    'cifar100': DatasetInfo(100, (32, 32, 3), (0.507, 0.487, 0.441), (0.267, 0.256, 0.276), 'cifar100'),
-    'fashion_mnist': DatasetInfo(10, (28, 28, 1), (0.2860,), (0.3530,), 'fashion_mnist'),
-    # streamed from JPEG files (jaxdecouple.data.stream); the image size is data.image_size, the class
-    # count the source's
-    'imagenet': DatasetInfo(1000, (224, 224, 3), (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 'imagenet2012'),
-}
-STREAMED = ('imagenet',)  # too large for memory: read, decoded and augmented on the host per batch
-# The ADL code's CIFAR-10 std, selectable with data.normalization='adl'.
-ADL_CIFAR10_STD = (0.2470, 0.2435, 0.2616)
-SOURCES = ('auto', 'idx', 'npz', 'tfds', 'folder', 'synthetic')
-STREAM_SOURCES = ('auto', 'folder', 'tfds')
-
-
-@dataclasses.dataclass(frozen=True)
-class Dataset:
-  name: str
-  x_train: np.ndarray
-  y_train: np.ndarray
-  x_test: np.ndarray
-  y_test: np.ndarray
-  num_classes: int
-  mean: tuple[float, ...]
-  std: tuple[float, ...]
-  source: str
-  # streamed data sets: further test sets (e.g. ImageNet-V2), evaluated beside x_test; metric prefix -> images
-  extra_tests: dict = dataclasses.field(default_factory=dict)
-
-  @property
-  def image_shape(self) -> tuple[int, int, int]:
-    return tuple(self.x_train.shape[1:])
-
-  @property
-  def streamed(self) -> bool:
-    """Whether the images are read and decoded per batch (x_* are StreamImages, y_* are None)."""
-    return self.y_train is None
 
 
 def _check_arrays(name: str, where: str, x_train, y_train, x_test, y_test) -> tuple[np.ndarray, ...]:
@@ -215,9 +166,13 @@ def load_dataset(data_config, name: str) -> Dataset:
   that is given (only them), else the installed IDX files (fashion_mnist only), then tensorflow-datasets.
   Synthetic data is used only when asked for explicitly.
   """
+  if name in TEXT_DATASETS:
+    arrays, where = load_text(data_config, name)
+    return Dataset(name, *arrays, num_classes=VOCAB, mean=(), std=(), source=where, tokens=True)
   if name not in DATASETS:
-    raise DataError(f'unknown dataset {name!r}; allowed: {", ".join(DATASETS)}')
+    raise DataError(f'unknown dataset {name!r}; allowed: {", ".join((*DATASETS, *TEXT_DATASETS))}')
   if name in STREAMED:
+    from jaxdecouple.data.imagenet import load_streamed  # noqa: PLC0415  (only streamed data sets need it)
     return load_streamed(data_config, name)
   source = data_config.source
   norm = data_config.normalization
@@ -249,43 +204,6 @@ def load_dataset(data_config, name: str) -> Dataset:
     except Exception as e:  # not found / not installed / no network: try the next source
       tried.append(f'{s}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'.rstrip(': '))
   raise DataError(f'no source could provide {name} (tried {"; ".join(tried)}). ' + _how_to_provide(name))
-
-
-def load_streamed(data_config, name: str) -> Dataset:
-  """A data set read from JPEG files per batch: ``data.path`` (a folder with train/ and val/ class folders)
-  when given, else tensorflow-datasets (prepared, or from ``data.tfds_manual_dir``)."""
-  from jaxdecouple.data import imagenet, stream  # noqa: PLC0415  (only streamed data sets need them)
-  mean, std, tfds_name = DATASETS[name].mean, DATASETS[name].std, DATASETS[name].tfds_name
-  source = data_config.source
-  order = [source] if source != 'auto' else (['folder'] if data_config.path else ['tfds'])
-  attempts = {
-      'folder': lambda: imagenet.load_folder(data_config.path),
-      'tfds': lambda: imagenet.load_tfds_stream(tfds_name, data_config.tfds_data_dir, data_config.tfds_manual_dir),
-  }
-  tried = []
-  for s in order:
-    try:
-      train, test = attempts[s]()
-      break
-    except DataError:
-      raise
-    except Exception as e:  # not found / not installed: say what was tried
-      tried.append(f'{s}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'.rstrip(': '))
-  else:
-    raise DataError(f'no source could provide {name} (tried {"; ".join(tried)}). Give a folder with '
-                    'train/CLASS/*.JPEG and val/CLASS/*.JPEG as --config.data.path=FOLDER, or tensorflow-datasets\' '
-                    f'prepared {tfds_name} as --config.data.tfds_data_dir=DIR (or the manual-download folder as '
-                    '--config.data.tfds_manual_dir=DIR)')
-  variants = [v.strip() for v in data_config.imagenet_v2.split(',') if v.strip()]
-  if variants == ['all']:
-    variants = list(imagenet.IMAGENET_V2)
-  extra = imagenet.load_imagenet_v2(variants, data_config.imagenet_v2_dir, data_config.tfds_data_dir,
-                                    train.num_classes)
-  size, workers = data_config.image_size, data_config.workers
-  images = lambda files, training: stream.StreamImages(files, size, training, workers, flip=data_config.flip)
-  return Dataset(name, images(train, data_config.augment), None, images(test, False), None,
-                 num_classes=train.num_classes, mean=mean, std=std, source=s,
-                 extra_tests={k: images(v, False) for k, v in extra.items()})
 
 
 def _how_to_provide(name: str) -> str:

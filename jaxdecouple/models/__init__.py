@@ -5,7 +5,9 @@ Names: ``resnet{6n+2}`` (CIFAR ResNet-20/32/44/56/110, and resnet8 for quick run
 ResNet-152 and ResNet-200: [3, 4, 40, 3] and [3, 4, 56, 3]), ``preact_s3_{n}`` (its deeper or shallower variants [3, 4, n, 3]), ``postact101`` and
 ``postact_tiny`` (the same with post-activation blocks: ResIST's A.1), ``imagenet_resnet{18,34,50,101,152}`` and ``imagenet_preact101`` (the
 ImageNet forms: 7x7 stride-2 stem and max-pool; bottlenecks from 50 on), ``preact_tiny`` ([1, 1, 6, 1], 8..64 channels, for tests and CPU studies) and
-``preact_tiny_s3_{n}`` ([1, 1, n, 1], 8..64 channels: n - 1 partitioned blocks for ResIST on a CPU).
+``preact_tiny_s3_{n}`` ([1, 1, n, 1], 8..64 channels: n - 1 partitioned blocks for ResIST on a CPU); transformers
+(models/transformer.py): ``vit{L}_d{D}[_h{H}]_p{P}`` and ``gpt{L}_d{D}[_h{H}]_t{T}``, with ``vit_tiny``, ``vit_small``,
+``gpt_tiny``, ``gpt_small`` (the 8-layer GPT of the studies) and ``gpt12``.
 """
 from __future__ import annotations
 
@@ -17,10 +19,12 @@ import jax.numpy as jnp
 from jaxdecouple.models.core import Chain, Model, count_params, merge, relayout, subset
 from jaxdecouple.models.resnet import (IMAGENET_DEPTHS, AuxHead, adaptive_avg_pool, cifar_resnet, imagenet_preact_resnet,
                                       imagenet_resnet, postact_resnet, preact_resnet, resnet18, wide_resnet)
+from jaxdecouple.models.transformer import HELP as TRANSFORMER_HELP
+from jaxdecouple.models.transformer import build_transformer, check_input
 
 MODEL_HELP = ('resnet{6n+2} (e.g. resnet20, resnet56, resnet110), resnet18, wrn{6n+4}_{k} (e.g. wrn28_10), '
               'preact101, preact152, preact200, preact_s3_{n}, preact_tiny, postact101, postact_tiny, preact_tiny_s3_{n}; ImageNet form (7x7 stem, max-pool): '
-              'imagenet_resnet{18,34,50,101,152}, imagenet_preact101')
+              'imagenet_resnet{18,34,50,101,152}, imagenet_preact101; transformers: ' + TRANSFORMER_HELP)
 
 
 def build_model(name: str, num_classes: int, scan_min: int = 0, dtype='float32', init: str = 'he',
@@ -60,6 +64,8 @@ MAX_BLOCKS = 1000  # ResNet-1202 has 600; far deeper names only hang the model's
 
 
 def _build(name: str, num_classes: int) -> Model:
+  if (transformer := build_transformer(name, num_classes)) is not None:
+    return transformer
   if (m := re.fullmatch(r'(resnet|wrn)(\d+)(_\d+)?|preact(_tiny)?_s3_(\d+)', name)) and \
       (blocks := int(m.group(2)) // 2 if m.group(2) else int(m.group(5))) > MAX_BLOCKS:
     raise ValueError(f'{name!r} has about {blocks} residual blocks; at most {MAX_BLOCKS} are supported '
@@ -98,4 +104,4 @@ def _build(name: str, num_classes: int) -> Model:
   raise ValueError(f'unknown model {name!r}; allowed: {MODEL_HELP}')
 
 
-__all__ = ['AuxHead', 'Chain', 'Model', 'adaptive_avg_pool', 'build_model', 'count_params', 'merge', 'relayout', 'subset', 'MODEL_HELP']
+__all__ = ['check_input', 'AuxHead', 'Chain', 'Model', 'adaptive_avg_pool', 'build_model', 'count_params', 'merge', 'relayout', 'subset', 'MODEL_HELP']

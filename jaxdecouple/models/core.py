@@ -179,6 +179,7 @@ class Model:
   sections: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
   dtype: Any = jnp.float32  # the blocks' compute type (bfloat16: mixed precision; parameters stay float32)
   init_scheme: str = 'he'   # he: the modules' own (He fan-out convolutions); torch: PyTorch's defaults
+  aux_head: Any = None      # DGL's auxiliary classifier for a stage of this model (None: models.resnet.AuxHead)
 
   @property
   def block_names(self) -> tuple[str, ...]:

@@ -46,7 +46,7 @@ class Pipeline:
                    for k in range(K)]
     self.devices = [w.device for w in self.places]
     self.stages = [Stage(k, c, schedule, keep, beta, optimizer, lr, inputs, split_backward, d, model.num_classes,
-                         model.dtype, corrector)
+                         model.dtype, corrector, model.aux_head)
                    for k, (c, d) in enumerate(zip(model.cut(split.boundaries), self.devices))]
     for stage, where in zip(self.stages, self.places):
       stage.where = where
@@ -76,7 +76,7 @@ class Pipeline:
       aux = ()
       if stage.head is not None:  # its own key: the model's initial parameters stay the same
         head = stage.head.init(jax.random.fold_in(rng, 1000 + k), jnp.zeros((1, *y.shape[1:]), y.dtype), train=False)
-        aux = AuxHeadState(head['params'], head['batch_stats'], self.optimizer.init(head['params']))
+        aux = AuxHeadState(head['params'], head.get('batch_stats', {}), self.optimizer.init(head['params']))
       accum = zeros(params) if self.schedule.accumulation > 1 else ()
       corrector = stage.corrector.init(params) if stage.corrector is not None else ()
       if len(stage.where.devices) == 1:

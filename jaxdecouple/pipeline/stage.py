@@ -54,7 +54,7 @@ class Stage:
 
   def __init__(self, index: int, chain: Chain, schedule: Schedule, keep: str, beta: float,
                optimizer: Optimizer, lr: Callable, inputs: Callable, split: bool, device: jax.Device,
-               num_classes: int, dtype=None, corrector: Corrector | None = None):
+               num_classes: int, dtype=None, corrector: Corrector | None = None, aux_head=None):
     self.index, self.chain, self.schedule, self.device = index, chain, schedule, device
     self.optimizer, self.lr, self.split, self.beta = optimizer, lr, split, beta
     self.source, self.delay = schedule.source(index), schedule.delay(index)
@@ -65,8 +65,8 @@ class Stage:
     self.sends_gradient = schedule.sends_gradient(index)
     self.forward_first = schedule.forward_before_update(index)
     self.inputs = inputs if index == 0 else (lambda x, step: x)  # stage 0: augmentation, normalisation
-    self.head = AuxHead(num_classes, **({'dtype': dtype} if dtype is not None else {})) \
-        if self.source == 'local' else None
+    head = aux_head if aux_head is not None else AuxHead(num_classes)  # the model's own, else the ADL code's
+    self.head = head.clone(**({'dtype': dtype} if dtype is not None else {})) if self.source == 'local' else None
     self.stash = VjpStash()  # ring slots (keep='vjp') and residuals recomputed in a call of their own
     # The consumed ring slot is donated when its buffers can hold the new one (keep='vjp').
     self.iterate = jax.jit(self._iterate, donate_argnums=(0, 1, 2, 3, 4) if self.keep == 'vjp' else (0, 1, 2, 3),
@@ -93,7 +93,7 @@ class Stage:
         logits, head_vars = self.head.apply({'params': head_params, 'batch_stats': aux.batch_stats}, y, train=True,
                                             mutable=['batch_stats'])
         loss = classification_loss(logits, labels)[0]
-        return loss, (y, s, (head_vars['batch_stats'], {f'stage{self.index}_local_loss': loss}))
+        return loss, (y, s, (head_vars.get('batch_stats', {}), {f'stage{self.index}_local_loss': loss}))
     if self.source == 'local':
       primals = (params, aux.params)
     elif self.sends_gradient:

@@ -131,7 +131,7 @@ class Replica:
                         self.put_workers(o), self.put_workers(member), self.put_workers(outer))
 
   def init(self, rng: jax.Array, example: Batch) -> ReplicaState:
-    variables = jax.device_get(self.model.init(rng, jnp.zeros((1, *example.images.shape[-3:]), jnp.float32)))
+    variables = jax.device_get(self.model.init(rng, jnp.zeros((1, *example.images.shape[2:]), jnp.float32)))
     return self.state_from(variables['params'], variables.get('batch_stats', {}), None)
 
   def resident_bytes(self, state: ReplicaState) -> dict:

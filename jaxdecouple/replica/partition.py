@@ -1,7 +1,8 @@
 """ResIST's layer-wise partitions: which blocks are partitioned, and who owns which block each round.
 
 Only the non-strided blocks of a pre-activation ResNet's third section are partitioned (for ResIST's
-[3, 4, 23, 3] ResNet-101, blocks s3b1..s3b22); every other layer is shared by all sub-networks. A
+[3, 4, 23, 3] ResNet-101, blocks s3b1..s3b22); every other layer is shared by all sub-networks. A transformer's
+blocks after its first are partitioned (ours: no anchor partitions transformers; see docs/METHODS.md). A
 round's partition is a random permutation of those blocks cut into S contiguous slices, drawn from
 (seed, round) alone, so every worker and every restart derives the same one without communication.
 
@@ -18,16 +19,25 @@ import numpy as np
 
 from jaxdecouple.models import Model
 from jaxdecouple.models.resnet import BasicBlock, PreActBlock
+from jaxdecouple.models.transformer import TransformerBlock
 
 PARTITIONED_SECTION = 2  # the third section (0-based)
 
 
+def is_transformer(model: Model) -> bool:
+  return isinstance(model.chain.modules[1], TransformerBlock)
+
+
 def partitioned_blocks(model: Model) -> tuple[str, ...]:
-  """Names of the blocks ResIST partitions: the third section's blocks after its first (strided) one.
+  """Names of the blocks ResIST partitions: the third section's blocks after its first (strided) one; in a
+  transformer (one section of identical blocks) every block after the first, which stays shared as a ResNet
+  section's first block does, so every sub-network keeps at least one whole block.
 
   Raises ValueError when the model is not a pre-activation ResNet with at least two such blocks.
   """
   modules = dict(zip(model.chain.names, model.chain.modules))
+  if is_transformer(model):
+    return tuple(n for n, (s, i) in model.sections.items() if i >= 1)
   # post-activation blocks only in the models built for it (postact*): a CIFAR resnet152 is not ResIST's
   kinds = (PreActBlock, BasicBlock) if model.name.startswith('postact') else (PreActBlock,)
   names = tuple(n for n, (s, i) in model.sections.items()
@@ -53,6 +63,9 @@ def partitioned_groups(model: Model, scope: str = 'third_section') -> tuple[tupl
     return (partitioned_blocks(model),)
   if scope != 'every_section':
     raise ValueError(f'partition scope {scope!r}: one of {", ".join(SCOPES)}')
+  if is_transformer(model):
+    raise ValueError(f"{model.name}: a transformer has one section of identical blocks, so 'every_section' is "
+                     "'third_section' (its blocks after the first): use the default")
   modules = dict(zip(model.chain.names, model.chain.modules))
   kinds = (PreActBlock, BasicBlock) if model.name.startswith('postact') else (PreActBlock,)
   x = jax.ShapeDtypeStruct((1, 32, 32, 3), jnp.float32)
