@@ -8,7 +8,8 @@ fresh process each (so no compilation is shared): the wall seconds to build and 
 the seconds JAX spends tracing, lowering and compiling during the first 2K-1 training steps
 (``steps_compile``, from jax.monitoring's compile events: a pipeline compiles new work until its first
 stage's first backward, iteration 2K-2), their sum ``startup``, and the compute of one steady step
-after them (``step``). Synthetic CIFAR-shaped data; a small batch keeps the steps themselves short.
+after them (``step``: the median of ``--steps`` steady steps). Synthetic CIFAR-shaped data (synthetic text of
+``--sequence_length`` bytes for gpt models); a small batch keeps the steps themselves short.
 Prints one JSON line per measurement, then a markdown table.
 """
 from __future__ import annotations
@@ -29,6 +30,8 @@ def parse_args(argv=None):
   p.add_argument('--scan_blocks', default='16', help='comma-separated config.scan_blocks values to compare')
   p.add_argument('--batch', type=int, default=4)
   p.add_argument('--cpu_devices', type=int, default=2)
+  p.add_argument('--steps', type=int, default=3, help='steady steps timed (their median is reported)')
+  p.add_argument('--sequence_length', type=int, default=128, help='gpt models: bytes per example')
   p.add_argument('--one', default='', help=argparse.SUPPRESS)  # MODEL:RUN:SCAN measured in this process
   p.add_argument('--json_out', default='', help='also append the JSON lines to this file')
   return p.parse_args(argv)
@@ -49,6 +52,8 @@ def measure(args, model: str, run: str, scan: int) -> dict:
   c.method, c.model, c.batch_size, c.scan_blocks = method, model, args.batch, scan
   c.pipeline.num_stages = int(k or 1)
   c.data.source, c.data.synthetic_train_size, c.data.synthetic_test_size = 'synthetic', args.batch * 4, 8
+  if model.startswith('gpt'):  # byte-level text of the model's length (synthetic)
+    c.dataset, c.data.sequence_length = 'fortunes', args.sequence_length
   ds = load_dataset(c.data, c.dataset)
   m = METHODS[method](build_setup(c, ds))
   order = TrainOrder(len(ds.x_train), c.batch_size, c.seed)
@@ -66,10 +71,13 @@ def measure(args, model: str, run: str, scan: int) -> dict:
     state, _ = m.step(state, batch(t), t)
   jax.block_until_ready(state)
   steps_compile = sum(compiling)
-  start = time.perf_counter()
-  state, _ = m.step(state, batch(fill), fill)
-  jax.block_until_ready(state)
-  step = time.perf_counter() - start
+  times = []
+  for t in range(fill, fill + args.steps):  # the median of a few steady steps
+    start = time.perf_counter()
+    state, _ = m.step(state, batch(t), t)
+    jax.block_until_ready(state)
+    times.append(time.perf_counter() - start)
+  step = sorted(times)[len(times) // 2]
   return {'model': model, 'run': run, 'scan_blocks': scan, 'batch': args.batch,
           'params_m': round(count_params(m.eval_variables(state)['params']) / 1e6, 3),
           'init_s': round(init, 2), 'steps_compile_s': round(steps_compile, 2), 'fill_steps': fill,
@@ -86,8 +94,9 @@ def main(argv=None):
   for model in args.models.split(','):
     for run in args.runs.split(','):
       for scan in args.scan_blocks.split(','):
-        cmd = [sys.executable, os.path.abspath(__file__), f'--batch={args.batch}',
-               f'--cpu_devices={args.cpu_devices}', f'--one={model}/{run}/{scan}']
+        cmd = [sys.executable, os.path.abspath(__file__), f'--batch={args.batch}', f'--steps={args.steps}',
+               f'--sequence_length={args.sequence_length}', f'--cpu_devices={args.cpu_devices}',
+               f'--one={model}/{run}/{scan}']
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode:
           raise SystemExit(f'compile_time.py: {model} {run} scan_blocks={scan} failed:\n{proc.stderr[-3000:]}')

@@ -111,3 +111,36 @@ def resist_imagenet(method: str, num_workers: int = 4):
   c.replica.warmup_steps = IMAGENET_WARMUP_STEPS if method == 'resist' else 0  # local SGD first (section 2.6)
   c.data.imagenet_v2 = 'all'
   return c
+
+
+def transformer(method: str, model: str, dataset: str, num_epochs: int, batch_size: int, learning_rate: float,
+                weight_decay: float):
+  """A transformer's usual recipe (nanoGPT / big_vision): AdamW (b2 0.95), decoupled weight decay, a linear
+  warm-up over the first epoch from a hundredth of the rate, the rate / 10 after 80% of the epochs."""
+  c = get_default_config()
+  c.method, c.model, c.dataset = method, model, dataset
+  c.batch_size = batch_size
+  c.eval_batch_size = 500
+  c.num_epochs = num_epochs
+  c.optim.name = 'adamw'
+  c.optim.learning_rate = learning_rate
+  c.optim.b2 = 0.95
+  c.optim.weight_decay = weight_decay
+  c.optim.milestones = (max(1, num_epochs * 4 // 5),)
+  c.optim.warmup, c.optim.warmup_epochs, c.optim.warmup_factor = 'linear', 1.0, 0.01
+  c.log_every_steps = 50
+  c.checkpoint_every_steps = 1000
+  return c
+
+
+def gpt_bytes(method: str, model: str = 'gpt_small', num_epochs: int = 4):
+  """A byte-level GPT on the fortunes corpus (apt-get install fortunes): windows of 128 bytes, batch 32, AdamW
+  lr 1e-3 and weight decay 0.1; the held-out bits per byte is the metric."""
+  c = transformer(method, model, 'fortunes', num_epochs, 32, 1e-3, 0.1)
+  c.data.sequence_length = 128
+  return c
+
+
+def vit_cifar(method: str, model: str = 'vit_small', num_epochs: int = 30):
+  """A small ViT on CIFAR-10 from scratch: batch 128, AdamW lr 1e-3, weight decay 0.05, crop and flip."""
+  return transformer(method, model, 'cifar10', num_epochs, 128, 1e-3, 0.05)

@@ -281,10 +281,19 @@ def resist_outer_run(tmp_path_factory):
 
 # The longest tests first: pytest-xdist hands tests out in collection order, and a minute-long test
 # handed out last keeps one worker busy while the other has nothing left (about 30 s of the suite).
+# These are also the tests marked slow: `pytest -m "not slow"` is the quick subset (docs/TESTING.md).
 SLOW_FIRST = ('test_pipeline_processes.py', 'test_multiprocess.py', 'test_peer_loss.py', 'scanned_blocks', 'test_resist.py',
-              'test_outer.py', 'test_benchmarks.py', 'test_process_start.py', 'test_notebook.py')
+              'test_outer.py', 'test_benchmarks.py', 'test_transformers.py', 'test_process_start.py', 'test_notebook.py')
+
+
+def pytest_configure(config):
+  config.addinivalue_line('markers', 'slow: a test of the slow groups (processes, ResIST and outer-optimizer oracles, '
+                          'benchmark scripts, transformers, the notebook); deselect with -m "not slow"')
 
 
 def pytest_collection_modifyitems(items):
   rank = lambda item: next((i for i, s in enumerate(SLOW_FIRST) if s in item.nodeid), len(SLOW_FIRST))
+  for item in items:
+    if rank(item) < len(SLOW_FIRST):
+      item.add_marker(pytest.mark.slow)
   items.sort(key=rank)  # stable: the order within each group is kept

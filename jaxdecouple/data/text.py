@@ -1,7 +1,7 @@
 """Byte-level text: a corpus read as bytes and cut into next-byte prediction examples.
 
 ``dataset='fortunes'`` is the plain-text files of the Debian package ``fortunes`` (``apt-get install fortunes``:
-about 2 MB of English prose, verse and dialogue in /usr/share/games/fortunes, installed by the README's setup,
+about 2.6 MB of English prose, verse and dialogue in /usr/share/games/fortunes, installed by the README's setup,
 nothing downloaded at run time); ``dataset='text'`` is any text file, or folder of text files, given as
 ``data.path``. A folder's files are read in sorted name order (links and the fortune index files ``*.dat``,
 ``*.u8`` are passed over) and joined by a newline.
