@@ -31,6 +31,7 @@ def parse_args(argv=None):
   p.add_argument('--batch', type=int, default=4)
   p.add_argument('--cpu_devices', type=int, default=2)
   p.add_argument('--steps', type=int, default=3, help='steady steps timed (their median is reported)')
+  p.add_argument('--split_backward', default='auto', help="config.split_backward: auto (on for the CPU), on, off")
   p.add_argument('--sequence_length', type=int, default=128, help='gpt models: bytes per example')
   p.add_argument('--one', default='', help=argparse.SUPPRESS)  # MODEL:RUN:SCAN measured in this process
   p.add_argument('--json_out', default='', help='also append the JSON lines to this file')
@@ -50,6 +51,7 @@ def measure(args, model: str, run: str, scan: int) -> dict:
   method, _, k = run.partition(':')
   c = get_default_config()
   c.method, c.model, c.batch_size, c.scan_blocks = method, model, args.batch, scan
+  c.split_backward = args.split_backward
   c.pipeline.num_stages = int(k or 1)
   c.data.source, c.data.synthetic_train_size, c.data.synthetic_test_size = 'synthetic', args.batch * 4, 8
   if model.startswith('gpt'):  # byte-level text of the model's length (synthetic)
@@ -96,6 +98,7 @@ def main(argv=None):
       for scan in args.scan_blocks.split(','):
         cmd = [sys.executable, os.path.abspath(__file__), f'--batch={args.batch}', f'--steps={args.steps}',
                f'--sequence_length={args.sequence_length}', f'--cpu_devices={args.cpu_devices}',
+               f'--split_backward={args.split_backward}',
                f'--one={model}/{run}/{scan}']
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode:

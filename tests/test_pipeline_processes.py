@@ -86,14 +86,16 @@ def assert_same(path, reference):
 
 
 def test_every_pipeline_method_over_two_processes_matches_one_process(tmp_path):
-  """K = 2, one CPU device per process: stage 0 in process 0, stage 1 in process 1. FDG, ADL and FR on
-  streamed JPEGs, which only stage 0's process reads (FDG on data in memory: the tests below); DDG and DGL on
-  data in memory. (The synchronous schedules across processes: the K x D test below.) And ResIST
-  on streamed JPEGs, 2 workers on 2 processes: each process decodes only its own worker's images."""
+  """K = 2, one CPU device per process: stage 0 in process 0, stage 1 in process 1. FDG on streamed JPEGs,
+  which only stage 0's process reads (FDG on data in memory: the tests below); DDG and DGL on data in memory.
+  (The synchronous schedules across processes: the K x D test below. ADL is FDG's path with accumulation and
+  FR DDG's with a replay, so neither crosses processes differently: they left this test to keep the suite
+  within its time, as ZB-H1 did; each was checked across processes before, docs/METHODS.md.) And ResIST on
+  streamed JPEGs, 2 workers on 2 processes: each process decodes only its own worker's images."""
   from jaxdecouple.data.imagenet import write_fake_folder
   ENV['STREAM_FOLDER'] = write_fake_folder(str(tmp_path / 'jpegs'))
   # 4 steps: twice the pipeline's fill at K = 2 (stage 0's gradients are 2(K - 1) = 2 steps old)
-  runs = [f'{m}_stream:{m}:2:4' for m in ('fdg', 'adl', 'fr')] + [f'{m}:{m}:2:4' for m in ('ddg', 'dgl')]
+  runs = ['fdg_stream:fdg:2:4'] + [f'{m}:{m}:2:4' for m in ('ddg', 'dgl')]
   runs += ['resist_stream:resist:2:4']  # rounds end at steps 2 and 4; a mean of 2 workers rounds alike in any order
   procs = start(tmp_path, 1, runs)
   one_process(tmp_path, 2, runs)

@@ -23,6 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from jaxdecouple.models.gradients import in_scan
+
 Variables = dict[str, dict[str, Any]]
 COLLECTIONS = ('params', 'batch_stats')
 
@@ -73,7 +75,8 @@ class Chain:
         def body(x, v, module=module):
           x, stats = apply_block(module, v, x, train)
           return x, stats
-        x, stats = jax.lax.scan(body, x, block_vars)
+        with in_scan():  # on the CPU, gradients written for loop bodies (models/gradients.py)
+          x, stats = jax.lax.scan(body, x, block_vars)
       else:
         x, stats = apply_block(module, block_vars, x, train)
       if 'batch_stats' in block_vars:

@@ -15,10 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from jaxdecouple.models.gradients import conv_general_dilated
 from jaxdecouple.models.core import Chain, Model
 
 conv_init = nn.initializers.variance_scaling(2.0, 'fan_out', 'normal')
-Conv = functools.partial(nn.Conv, use_bias=False, kernel_init=conv_init)
+# conv_general_dilated: on the CPU its weight gradient is a forward convolution, fast inside a scan (models/gradients.py)
+Conv = functools.partial(nn.Conv, use_bias=False, kernel_init=conv_init, conv_general_dilated=conv_general_dilated)
 
 
 def batch_norm(train: bool, axis_name: str | None = None, name: str | None = None, dtype=jnp.float32) -> nn.BatchNorm:

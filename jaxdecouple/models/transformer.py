@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from jaxdecouple.models.core import Chain, Model
+from jaxdecouple.models.gradients import dot_general
 
 INIT = nn.initializers.normal(0.02)
 VOCAB = 256  # bytes
@@ -34,7 +35,8 @@ HEAD_DIM = 32  # default heads: width / 32 (at least one)
 
 
 def _dense(features: int, dtype, name: str | None = None) -> nn.Dense:
-  return nn.Dense(features, dtype=dtype, kernel_init=INIT, name=name)
+  # dot_general: on the CPU its gradients are two plain matrix products, fast inside a scan (models/gradients.py)
+  return nn.Dense(features, dtype=dtype, kernel_init=INIT, name=name, dot_general=dot_general)
 
 
 def _layer_norm(dtype, name: str | None = None) -> nn.LayerNorm:
@@ -58,12 +60,14 @@ class TransformerBlock(nn.Module):
     b, t, d = x.shape
     h, hd = self.heads, d // self.heads
     y = _layer_norm(self.dtype, 'ln1')(x)
-    q, k, v = jnp.split(_dense(3 * d, self.dtype, 'qkv')(y).reshape(b, t, 3 * h, hd), 3, axis=2)
-    scores = jnp.einsum('bqhd,bkhd->bhqk', q, k).astype(jnp.float32) / jnp.sqrt(jnp.float32(hd))
+    # heads moved next to the batch first, so every product is a plain batched matrix product ([b, h] leading):
+    # XLA:CPU runs those, and their gradients, fast inside a scan too (models/gradients.py)
+    q, k, v = _dense(3 * d, self.dtype, 'qkv')(y).reshape(b, t, 3, h, hd).transpose(2, 0, 3, 1, 4)
+    scores = jnp.matmul(q, k.swapaxes(-1, -2)).astype(jnp.float32) / jnp.sqrt(jnp.float32(hd))
     if self.causal:
       scores = jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
-    attended = jnp.einsum('bhqk,bkhd->bqhd', weights, v).reshape(b, t, d)
+    attended = jnp.matmul(weights, v).transpose(0, 2, 1, 3).reshape(b, t, d)
     x = x + self.residual_scale * _dense(d, self.dtype, 'proj')(attended)
     y = _layer_norm(self.dtype, 'ln2')(x)
     y = _dense(d, self.dtype, 'mlp_out')(nn.gelu(_dense(self.mlp_ratio * d, self.dtype, 'mlp_in')(y)))
