@@ -156,6 +156,10 @@ def test_bad_config_values(tmp_path):
       ('npz-without-path', [*Q, '--config.data.source=npz'], 'config.data.path'),
       ('resume-changes-unknown', [*Q, '--config.resume_changes=optim.lr'], 'config.resume_changes'),
       ('compute-dtype', [*Q, '--config.compute_dtype=float16'], 'config.compute_dtype'),
+      ('vit-patch-not-dividing', [*Q, '--config.model=vit2_d32_p5', '--config.dataset=cifar10'], 'config.model'),
+      ('gpt-sequence-beyond-positions', [*Q, '--config.model=gpt_tiny', '--config.dataset=fortunes',
+                                         '--config.data.sequence_length=65'], 'config.data.sequence_length'),
+      ('gpt-on-images', [*Q, '--config.model=gpt_tiny'], 'config.model'),
   ])
 
 
@@ -177,6 +181,7 @@ def test_bad_data(tmp_path):
   with zipfile.ZipFile(d / 'bad_member.npz', 'w') as z:
     z.writestr('x_train.npy', b'\x93NUMPY garbage')
   real = [a for a in Q if not a.startswith('--config.data.source')]  # Fashion-MNIST, as the quickstart reads it
+  gpt = ['--config.model=gpt_tiny', '--config.dataset=text', '--config.data.sequence_length=32']  # a text file
   check(tmp_path, [
       ('path-missing', [*real, f'--config.data.path={d}/none.npz'], 'none.npz does not exist'),
       ('path-is-text', [*real, f'--config.data.path={text}'], 'notes.npz is not an .npz file'),
@@ -191,6 +196,8 @@ def test_bad_data(tmp_path):
        'none.npz does not exist'),
       ('idx-folder-empty', [*real, '--config.data.source=idx', f'--config.data.idx_dir={d}'],
        'train-images-idx3-ubyte.gz not found'),
+      ('text-missing', [*real, *gpt, f'--config.data.path={d}/none.txt'], 'none.txt does not exist'),
+      ('text-too-short', [*real, *gpt, f'--config.data.path={text}'], 'too few for data.sequence_length=32'),
   ])
 
 

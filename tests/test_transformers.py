@@ -2,6 +2,7 @@
 written out independently, every method against its sequential reference on a tiny GPT (and the image path on a
 tiny ViT), ResIST on transformer blocks, mixed precision, the text split and its bits per byte, bad input."""
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -227,3 +228,28 @@ def test_the_installed_corpus_loads():
   """The corpus the README's setup installs (apt-get install fortunes; .ci/run installs it too)."""
   ds = load_dataset(text_config(**{'data.source': 'auto', 'data.sequence_length': 128}).data, 'fortunes')
   assert len(ds.x_train) > 10_000 and len(ds.x_test) > 1_000 and ds.source == '/usr/share/games/fortunes'
+
+
+def test_the_study_report_gives_text_rows_their_bits_per_byte(tmp_path):
+  """A study's report prints the held-out bits per byte of its text runs (median, min-max, n) from finished.json."""
+  import json
+  from jaxdecouple.study.core import Run, Study, run_dir
+  from jaxdecouple.study.report import bits_per_byte_table
+  runs = tuple(Run('GPT', column, seed, lambda: None) for column in ('BP', 'FDG') for seed in (0, 1, 2))
+  study = Study('t', 't', 'text', 'recipe', runs)
+  for run, bits in zip(runs[:5], (1.5, 1.7, 1.6, 1.9, 2.1)):  # FDG seed 2 unfinished
+    os.makedirs(run_dir(str(tmp_path), run))
+    with open(os.path.join(run_dir(str(tmp_path), run), 'finished.json'), 'w') as f:
+      json.dump({'test_accuracy': 0.5, 'test_bits_per_byte': bits}, f)
+  table = '\n'.join(bits_per_byte_table(study, str(tmp_path)))
+  assert '| GPT | 1.600 (1.500-1.700), n=3 | 2.000 (1.900-2.100), n=2 |' in table
+  assert bits_per_byte_table(Study('i', 'i', 'images', 'r', runs[:1]), str(tmp_path / 'none')) == []
+
+
+def test_cpu_gpt_async_gives_the_data_path_to_its_image_runs_only():
+  from jaxdecouple.study.definitions import STUDIES
+  study = STUDIES['cpu_gpt_async']()
+  configs = [r.config('cifar10.npz') for r in study.runs]
+  assert {c.data.path for c in configs if c.dataset == 'fortunes'} == {''}
+  assert {c.data.path for c in configs if c.dataset == 'cifar10'} == {'cifar10.npz'}
+  assert len(study.runs) == 30 and {c.model for c in configs} == {'gpt_small', 'vit6_d64_p4'}

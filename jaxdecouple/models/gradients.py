@@ -90,7 +90,7 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, r
            and feature_group_count == 1 and batch_group_count == 1 and precision is None
            and preferred_element_type is None and lhs.ndim == 4 and not isinstance(padding, str))
   if plain and _IN_SCAN.get() and jax.default_backend() == 'cpu' and _is_nhwc(dimension_numbers, lhs.ndim):
-    return _conv(lhs, rhs, tuple(tuple(p) for p in padding))
+    return _conv(*_match_varying(lhs, rhs), tuple(tuple(p) for p in padding))
   return lax.conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
                                   feature_group_count, batch_group_count, precision, preferred_element_type)
 
@@ -122,8 +122,31 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
            and not batch_lhs and not batch_rhs and precision is None and preferred_element_type is None
            and not kwargs and lhs.dtype == rhs.dtype)
   if dense and jax.default_backend() == 'cpu':
-    return _matmul(lhs, rhs)
+    return _matmul(*_match_varying(lhs, rhs))
   return lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type, **kwargs)
+
+
+def _varying(a) -> frozenset:
+  """The mesh axes ``a`` varies over inside ``jax.shard_map`` (empty outside one)."""
+  t = jax.typeof(a)
+  manual = getattr(t, 'manual_axis_type', None)
+  return frozenset(manual.varying) if manual is not None else frozenset(getattr(t, 'vma', ()))
+
+
+def _match_varying(*arrays):
+  """The operands made to vary over the same mesh axes. A custom gradient must return each cotangent with its
+  input's type, and under data parallelism a replicated kernel's gradient (from sharded activations) varies over
+  the batch axis: cast the kernel to varying first, and JAX's transpose of that cast sums the gradient over the
+  axis, as it does for the products JAX differentiates itself."""
+  axes = frozenset().union(*map(_varying, arrays))
+  cast = getattr(lax, 'pcast', None)
+  out = []
+  for a in arrays:
+    missing = tuple(sorted(axes - _varying(a)))
+    if missing:
+      a = cast(a, missing, to='varying') if cast is not None else lax.pvary(a, missing)
+    out.append(a)
+  return out
 
 
 def _is_nhwc(dimension_numbers, ndim: int) -> bool:

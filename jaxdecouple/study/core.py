@@ -8,6 +8,8 @@ import re
 import sys
 from typing import Callable
 
+from jaxdecouple.data.text import TEXT_DATASETS
+
 @dataclasses.dataclass(frozen=True)
 class Run:
   row: str                      # the table row, e.g. 'ResNet-20, K=2'
@@ -34,7 +36,7 @@ class Run:
   def config(self, data_path: str = ''):
     c = self.build()
     c.seed = self.seed
-    if data_path:
+    if data_path and c.dataset not in TEXT_DATASETS:  # the study's image file; text runs read their corpus
       c.data.path = data_path
     return c
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import statistics
 
 from jaxdecouple.study.core import READING, Study, diverged, finished_record, is_finished
 from jaxdecouple.study.curves import best_accuracy_table, levelling_table, time_to_target_table, train_error_table
@@ -47,6 +48,25 @@ def other_accuracies_tables(study: Study, workdir: str) -> list[str]:
   return lines
 
 
+def bits_per_byte_table(study: Study, workdir: str) -> list[str]:
+  """Text rows (byte-level models): the held-out bits per byte at the last epoch, median over the finished seeds
+  (min-max), beside the next-byte error of the main table."""
+  finished = {r: record for r in study.runs if (record := finished_record(workdir, r)) is not None
+              and 'test_bits_per_byte' in record}
+  if not finished:
+    return []
+  lines = ['Held-out bits per byte, last epoch, median over the finished seeds (min-max):', '',
+           '| row | ' + ' | '.join(study.columns) + ' |', '|' + '---|' * (1 + len(study.columns))]
+  for row in study.rows:
+    cells = [row]
+    for col in study.columns:
+      bits = sorted(record['test_bits_per_byte'] for r, record in finished.items() if r.in_row(row) and r.column == col)
+      spread = f' ({bits[0]:.3f}-{bits[-1]:.3f})' if len(bits) > 1 else ''
+      cells.append(f'{statistics.median(bits):.3f}{spread}, n={len(bits)}' if bits else '-')
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  return lines + ['']
+
+
 def report(study: Study, workdir: str, results_path: str, figures_dir: str, command: str) -> str:
   """Writes the study's section of the results page and its figures; returns the markdown. Made from the
   run records alone (no date of its own), so the committed records regenerate it byte for byte."""
@@ -78,7 +98,7 @@ def report(study: Study, workdir: str, results_path: str, figures_dir: str, comm
     lines += gaps_and_checks(study, workdir)
   if study.best_accuracy and done:
     lines += best_accuracy_table(study, workdir)
-  lines += other_accuracies_tables(study, workdir)
+  lines += other_accuracies_tables(study, workdir) + bits_per_byte_table(study, workdir)
   if done:
     lines += levelling_table(study, workdir) + (train_error_table(study, workdir) if study.train_error else []) \
         + time_to_target_table(study, workdir)
