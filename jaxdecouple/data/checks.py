@@ -1,7 +1,7 @@
 """The ``data`` section's checks: which sources, paths and fields go with which data set, before any compute."""
 from __future__ import annotations
 
-from jaxdecouple.data.sources import STREAM_SOURCES, STREAMED
+from jaxdecouple.data.datasets import STREAM_SOURCES, STREAMED
 from jaxdecouple.errors import fail
 
 

@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from jaxdecouple.data.sources import Dataset
+from jaxdecouple.data.datasets import Dataset
 
 HOLDOUT_SEED = 0x401D  # constant: the split never depends on the run's seed
 

@@ -14,7 +14,7 @@ import zipfile
 
 import numpy as np
 
-from jaxdecouple.data.datasets import ADL_CIFAR10_STD, DATASETS, SOURCES, STREAM_SOURCES, STREAMED, Dataset, DatasetInfo  # noqa: F401
+from jaxdecouple.data.datasets import ADL_CIFAR10_STD, DATASETS, STREAMED, Dataset
 from jaxdecouple.data.text import TEXT_DATASETS, VOCAB, load_text
 from jaxdecouple.errors import DataError
 

@@ -72,7 +72,7 @@ def _conv_backward(padding, residuals, dy):
   dx = _plain(dy.astype(x.dtype), jnp.flip(w, (0, 1)).transpose(0, 1, 3, 2).astype(x.dtype),
               ((k_h - 1 - top, k_h - 1 - bottom), (k_w - 1 - left, k_w - 1 - right)))
   x_pad = jnp.pad(x, ((0, 0), *padding, (0, 0)))
-  n, h, w_out, c = dy.shape[0], dy.shape[1], dy.shape[2], x.shape[-1]
+  h, w_out, c = dy.shape[1], dy.shape[2], x.shape[-1]
   patches = jnp.stack([x_pad[:, i:i + h, j:j + w_out, :].reshape(-1, c) for i in range(k_h) for j in range(k_w)])
   dw = jnp.einsum('pmc,mo->pco', patches, dy.reshape(-1, dy.shape[-1]).astype(x.dtype))
   return dx, dw.reshape(w.shape).astype(w.dtype)

@@ -66,7 +66,6 @@ def partitioned_groups(model: Model, scope: str = 'third_section') -> tuple[tupl
   if is_transformer(model):
     raise ValueError(f"{model.name}: a transformer has one section of identical blocks, so 'every_section' is "
                      "'third_section' (its blocks after the first): use the default")
-  modules = dict(zip(model.chain.names, model.chain.modules))
   kinds = (PreActBlock, BasicBlock) if model.name.startswith('postact') else (PreActBlock,)
   x = jax.ShapeDtypeStruct((1, 32, 32, 3), jnp.float32)
   groups: list[list[str]] = []
