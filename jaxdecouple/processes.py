@@ -104,6 +104,34 @@ def agree_on_failure(what: str | None, timeout_s: float = 120.0) -> str | None:
   return found
 
 
+_MEETINGS = [0]  # meetings this process has taken part in: every process meets at the same points
+
+
+def meet(what: str, timeout_s: float = 600.0) -> None:
+  """Waits until every process has reached this point (the coordinator's key-value store, not a device
+  program: this process's devices stay free meanwhile), at most ``timeout_s``; past it, one line naming the
+  process that did not come. Every process calls it at the same points. Used after cross-process transfers:
+  a process that went on to its next program while its peer still waited for one of its sends deadlocked
+  (ResIST over 2 processes, seen once in the suite: the sender blocked in its next step, the receiver in
+  ``block_until_ready``)."""
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed
+  client, me = distributed.global_state.client, jax.process_index()
+  key = f'jaxdecouple/meet/{_MEETINGS[0]}'
+  _MEETINGS[0] += 1
+  client.key_value_set(f'{key}/{me}', what)
+  for p in range(jax.process_count()):
+    if p == me:
+      continue
+    try:
+      client.blocking_key_value_get(f'{key}/{p}', int(timeout_s * 1000))
+    except Exception as e:  # noqa: BLE001  the coordination service's own error: a deadline, a lost peer
+      raise ProcessError(f'process {p} did not finish {what} within {timeout_s:g} s ({type(e).__name__}): it '
+                         'died or hangs; restart every process with the same --workdir to resume from the last '
+                         'checkpoint all of them hold') from None
+
+
 # Words of the runtime's errors when a peer went away (gloo's sockets, the coordination service).
 PEER_LOST = ('connection reset', 'connection closed', 'connection refused', 'broken pipe', 'socket closed',
              'heartbeat', 'unavailable')

@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdecouple.processes import meet
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -136,4 +138,6 @@ def run(rows: jax.Array, route: Plan, devices, codec=None) -> tuple[jax.Array, n
     out.append(gather_mean(incoming, jax.device_put(route.gather[d], shard.device),
                            jax.device_put(route.counts[d], shard.device)))
   new = jax.make_array_from_single_device_arrays(rows.shape, rows.sharding, out)
+  if any(devices[s].process_index != devices[d].process_index for s, d, _ in route.messages):
+    meet('the repartition\'s transfers')  # no process starts its next program before every send arrived
   return new, sent, got
