@@ -15,7 +15,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from conftest import run_within, scaled_timeout, timed_out_message
+from conftest import FAST_COMPILE_XLA_FLAGS, run_within, scaled_timeout, timed_out_message
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASE_TIMEOUT_S = 120  # a case that runs longer hangs (on an unloaded machine; scaled for this one)
@@ -33,7 +33,7 @@ def run_cases(tmp_path, cases):
     table.append({'id': case_id, 'argv': argv, 'timeout': scaled_timeout(CASE_TIMEOUT_S)})
   with open(tmp_path / 'cases.json', 'w', encoding='utf-8') as f:
     json.dump(table, f)
-  env = {**os.environ, 'JAX_NUM_CPU_DEVICES': '2', 'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}
+  env = {**os.environ, 'JAX_NUM_CPU_DEVICES': '2', 'XLA_FLAGS': '--xla_force_host_platform_device_count=2 ' + FAST_COMPILE_XLA_FLAGS}
   run_within([sys.executable, os.path.join(ROOT, 'tests', 'bad_input_driver.py'), str(tmp_path / 'cases.json'),
               str(tmp_path / 'results.json')], 900, f'running {len(cases)} bad-input cases', check=True, env=env)
   with open(tmp_path / 'results.json', encoding='utf-8') as f:
@@ -271,7 +271,7 @@ def test_bad_workdirs(tmp_path):
 def trained(tmp_path_factory):
   """A workdir with checkpoints at steps 2 and 4 (FDG, K = 2, synthetic data)."""
   workdir = tmp_path_factory.mktemp('trained') / 'run'
-  env = {**os.environ, 'JAX_NUM_CPU_DEVICES': '2', 'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}
+  env = {**os.environ, 'JAX_NUM_CPU_DEVICES': '2', 'XLA_FLAGS': '--xla_force_host_platform_device_count=2 ' + FAST_COMPILE_XLA_FLAGS}
   run_within([sys.executable, 'main.py', *Q[:-2], '--config.max_steps=4', '--config.checkpoint_every_steps=2',
               '--config.log_every_steps=2', f'--workdir={workdir}'], 300, 'training the workdir to resume', cwd=ROOT,
              env=env, check=True, capture_output=True)

@@ -85,7 +85,7 @@ def test_holdout_evaluates_a_fixed_part_of_the_training_set(cifar100_npz, workdi
   assert {x.tobytes() for x in split.x_test} <= {x.tobytes() for x in whole.x_train}
   assert all((hold_out(whole, 0.25).x_test == split.x_test).flatten())  # a fixed split
   result = train_and_evaluate(config, workdir)
-  assert result.method.setup.steps_per_epoch == 192 // 32  # trains on the rest only
+  assert result.method.setup.steps_per_epoch == 192 // config.batch_size  # trains on the rest only
   from jaxdecouple.evaluate import Evaluator
   evaluate = Evaluator(result.method.predict_fn(), result.method.setup.preprocess, 64, result.method.setup.devices[0])
   assert evaluate(result.variables, split.x_test, split.y_test) == pytest.approx(

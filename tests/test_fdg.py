@@ -138,7 +138,8 @@ def test_profile_records_stage_times_and_traffic(workdir):
   for p in profiles:
     assert p['stage0_seconds'] > 0 and p['stage1_seconds'] > 0
     # ResNet-8 stage 0 ends with 16 channels at 32x32: activation up + gradient down, plus labels.
-    expected = (32 * 32 * 32 * 16 * 4 * 2 + 32 * 4) / 1e6
+    batch = result.method.setup.config.batch_size
+    expected = (batch * 32 * 32 * 16 * 4 * 2 + batch * 4) / 1e6
     assert p['stage0_sends_mb'] == pytest.approx(expected, rel=1e-3)
   assert result.step == 8
 

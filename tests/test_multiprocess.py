@@ -14,7 +14,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from conftest import communicate_within  # noqa: E402
+from conftest import FAST_COMPILE_XLA_FLAGS, communicate_within  # noqa: E402
 
 
 def free_port() -> int:
@@ -39,7 +39,7 @@ def _free(port: int) -> bool:
 
 def test_two_processes_match_one_process_with_four_devices(tmp_path, resist_outer_run):
   port, workdir = free_port(), str(tmp_path / 'mp')
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': ''}
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': FAST_COMPILE_XLA_FLAGS}
   procs = [subprocess.Popen([sys.executable, os.path.join(HERE, 'multiprocess_worker.py'), str(i), str(port),
                              workdir, str(tmp_path / f'p{i}.npz'), 'outer'], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True) for i in range(2)]

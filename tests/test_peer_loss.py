@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from conftest import communicate_within, scaled_timeout
+from conftest import FAST_COMPILE_XLA_FLAGS, communicate_within, scaled_timeout
 from test_multiprocess import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,7 +27,7 @@ def command(workdir, port, process_id, max_steps):
 
 def start(workdir, max_steps):
   port = free_port()
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': ''}
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': FAST_COMPILE_XLA_FLAGS}
   return [subprocess.Popen(command(workdir, port, i, max_steps), env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True) for i in range(2)]
 
@@ -75,7 +75,7 @@ def test_a_peer_that_fails_at_start_up_tells_the_others_why(tmp_path):
   np.savez(data, x_train=rng.integers(0, 256, (64, 32, 32, 3), dtype=np.uint8), y_train=np.arange(64) % 10,
            x_test=rng.integers(0, 256, (16, 32, 32, 3), dtype=np.uint8), y_test=np.arange(16) % 10)
   port, workdir = free_port(), str(tmp_path / 'run')
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': ''}
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': FAST_COMPILE_XLA_FLAGS}
   paths = [str(data), str(tmp_path / 'missing.npz')]
   procs = [subprocess.Popen([a if a != '--config.data.source=synthetic' else '--config.data.source=npz'
                              for a in command(workdir, port, i, 8)] + [f'--config.data.path={paths[i]}',

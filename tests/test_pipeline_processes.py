@@ -12,18 +12,18 @@ import numpy as np
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from conftest import FAST_COMPILE_XLA_FLAGS, communicate_within, run_within, scaled_timeout, timed_out, wait_within  # noqa: E402
 # The workers and the reference compile the same stage programs: one compilation cache for all of them.
 # XLA:CPU's convolutions and reductions split their sums by the size of the process's intra-op thread pool,
 # max(PJRT_NPROC or the cores the process may use, its device count): left alone, on a host with one core a
 # process of 1 device (pool 1) rounds differently from the reference of 2 (pool 2), by one ulp at the first
 # step. PJRT_NPROC gives every process here the same pool (at least 2, the most devices any of them has; on
 # 2 cores that is the default, on more it is the number of cores).
-ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': '', 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
+ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': FAST_COMPILE_XLA_FLAGS, 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
        'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0',
        'JAX_COMPILATION_CACHE_DIR': tempfile.mkdtemp(prefix='jaxdecouple-pipeline-processes-'),
        'PJRT_NPROC': str(max(2, len(os.sched_getaffinity(0))))}
-sys.path.insert(0, HERE)
-from conftest import communicate_within, run_within, scaled_timeout, timed_out, wait_within  # noqa: E402
 from test_multiprocess import free_port  # noqa: E402
 
 

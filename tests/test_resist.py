@@ -20,9 +20,11 @@ from jaxdecouple.train import train_and_evaluate
 
 
 def replica_config(method, workers=4, steps=5, local=2, **kw):
+  # Batch 32 of 256 images (the suite's tiny_config has 16 of 128): these nets amplify rounding fast, and the
+  # comparisons of two compilations below were sized for batch 32 (multiprocess_worker.replica_run_config too).
   return tiny_config(method=method, max_steps=steps, **{
       'model': 'preact_tiny', 'replica.num_workers': workers, 'replica.local_steps': local,
-      'optim.learning_rate': 0.005, **kw})
+      'optim.learning_rate': 0.005, 'batch_size': 32, 'data.synthetic_train_size': 256, **kw})
 
 
 # --- partitions -----------------------------------------------------------------------------------
@@ -396,8 +398,9 @@ def test_ensemble_matches_its_reference_and_averages_predictions(workdir):
 def test_s1_with_momentum_averaged_equals_plain_sgd(workdir, tmp_path):
   """One worker owning every block, momentum carried over rounds: nothing but SGD remains."""
   resist = train_and_evaluate(replica_config('resist', workers=1, **{'replica.momentum': 'average'}), workdir)
-  bp = train_and_evaluate(tiny_config(model='preact_tiny', max_steps=5, split_backward='off',
-                                      **{'optim.learning_rate': 0.005}), str(tmp_path / 'bp'))
+  bp = train_and_evaluate(tiny_config(model='preact_tiny', max_steps=5, split_backward='off', batch_size=32,
+                                      **{'optim.learning_rate': 0.005, 'data.synthetic_train_size': 256}),
+                          str(tmp_path / 'bp'))
   assert_trees_close(worker_variables(resist, 0), bp.variables, tol=2e-4)  # see the note above
 
 

@@ -145,7 +145,8 @@ def test_a_resumed_epoch_counts_the_training_before_the_stop(workdir, monkeypatc
   epoch = next(r for r in read_metrics(workdir) if r['kind'] == 'eval' and r['step'] == 8)
   before = saved[0]['epoch_time_s']
   assert before + 3 * pause <= epoch['epoch_time_s'] < before + resumed  # steps 5-7 after the resume
-  assert epoch['train_images_per_sec'] == pytest.approx(6 * 32 / epoch['epoch_time_s'], rel=0.01)  # 6 timed steps
+  batch = tiny_config().batch_size
+  assert epoch['train_images_per_sec'] == pytest.approx(6 * batch / epoch['epoch_time_s'], rel=0.01)  # 6 timed steps
   fresh = next(r for r in read_metrics(workdir) if r['kind'] == 'eval' and r['step'] == 16)
   assert fresh['epoch_time_s'] >= 8 * pause  # the next epoch: all 8 steps, nothing carried into it
   assert [r['step'] for r in read_metrics(workdir) if r['kind'] == 'checkpoint'] == [4, 12]
