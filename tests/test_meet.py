@@ -1,0 +1,60 @@
+"""``processes.meet``: every process waits for every other at the same point, through the coordinator's key-value
+store, for a bounded time, and a process that never comes is named in one line. A fake key-value store stands
+in for the coordinator (two real processes meeting: test_multiprocess.py's ResIST run, whose repartitions meet)."""
+import pytest
+
+from jaxdecouple import processes
+from jaxdecouple.errors import ProcessError
+
+
+class FakeStore:
+  """The coordinator's key-value store as one process sees it: ``present`` keys are there; a missing one
+  times out as the real client does (an exception after the deadline)."""
+
+  def __init__(self, present=()):
+    self.values, self.waits = dict.fromkeys(present, ''), []
+
+  def key_value_set(self, key, value):
+    self.values[key] = value
+
+  def blocking_key_value_get(self, key, timeout_ms):
+    self.waits.append((key, timeout_ms))
+    if key not in self.values:
+      raise RuntimeError(f'DEADLINE_EXCEEDED: {key}')
+    return self.values[key]
+
+
+@pytest.fixture
+def as_process_0_of_2(monkeypatch):
+  from jax._src import distributed
+  monkeypatch.setattr(processes.jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(processes.jax, 'process_index', lambda: 0)
+  monkeypatch.setattr(processes, '_MEETINGS', [0])
+
+  def use(store):
+    monkeypatch.setattr(distributed.global_state, 'client', store)
+    return store
+  return use
+
+
+def test_every_process_posts_and_waits_for_the_others_within_the_bound(as_process_0_of_2):
+  store = as_process_0_of_2(FakeStore(present=['jaxdecouple/meet/0/1', 'jaxdecouple/meet/1/1']))
+  processes.meet('the transfers', timeout_s=2.5)
+  processes.meet('the transfers', timeout_s=2.5)  # the next meeting has its own key
+  assert {'jaxdecouple/meet/0/0', 'jaxdecouple/meet/1/0'} <= set(store.values)
+  assert store.waits == [('jaxdecouple/meet/0/1', 2500), ('jaxdecouple/meet/1/1', 2500)]  # never its own key
+
+
+def test_a_process_that_never_comes_is_named_in_one_line(as_process_0_of_2):
+  as_process_0_of_2(FakeStore())
+  with pytest.raises(ProcessError) as e:
+    processes.meet("the repartition's transfers", timeout_s=1)
+  line = str(e.value)
+  assert '\n' not in line
+  assert "process 1 did not finish the repartition's transfers within 1 s" in line and '--workdir' in line
+
+
+def test_one_process_meets_nobody(monkeypatch):
+  monkeypatch.setattr(processes, '_MEETINGS', [0])
+  processes.meet('anything', timeout_s=0)  # no coordinator needed, and no key used
+  assert processes._MEETINGS == [0]
