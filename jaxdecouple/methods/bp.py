@@ -11,7 +11,7 @@ import numpy as np
 from jaxdecouple.common import use_split_backward, vjp_call
 from jaxdecouple.data import Batch, train_inputs
 from jaxdecouple.errors import fail
-from jaxdecouple.methods.base import Method, classification_loss
+from jaxdecouple.methods.base import Method
 
 
 class BPState(NamedTuple):
@@ -44,7 +44,7 @@ class BP(Method):
 
     def loss_fn(params):
       logits, stats = s.model.apply({'params': params, 'batch_stats': batch_stats}, x, train=True)
-      loss, accuracy = classification_loss(logits, labels)
+      loss, accuracy = s.model.loss(logits, labels)
       return loss, (stats, accuracy)
     return loss_fn
 

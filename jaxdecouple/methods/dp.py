@@ -14,7 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxdecouple.errors import fail
 from jaxdecouple.data import Batch, train_inputs
-from jaxdecouple.methods.base import Setup, classification_loss
+from jaxdecouple.methods.base import Setup
 from jaxdecouple.methods.bp import BP, BPState
 
 AXIS = 'data'
@@ -52,7 +52,7 @@ class DP(BP):
 
     def shard_loss(params, batch_stats, x, labels):
       logits, stats = self.sharded_model.apply({'params': params, 'batch_stats': batch_stats}, x, train=True)
-      loss, accuracy = jax.lax.pmean(classification_loss(logits, labels), AXIS)
+      loss, accuracy = jax.lax.pmean(self.sharded_model.loss(logits, labels), AXIS)
       return loss, (stats, accuracy)
     loss = jax.shard_map(shard_loss, mesh=self.mesh, in_specs=(P(), P(), P(AXIS), P(AXIS)),
                          out_specs=(P(), (P(), P())))

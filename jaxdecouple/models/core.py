@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +24,7 @@ import numpy as np
 from flax import linen as nn
 
 from jaxdecouple.models.gradients import in_scan
+from jaxdecouple.models.objectives import classification_loss
 
 Variables = dict[str, dict[str, Any]]
 COLLECTIONS = ('params', 'batch_stats')
@@ -183,6 +184,9 @@ class Model:
   dtype: Any = jnp.float32  # the blocks' compute type (bfloat16: mixed precision; parameters stay float32)
   init_scheme: str = 'he'   # he: the modules' own (He fan-out convolutions); torch: PyTorch's defaults
   aux_head: Any = None      # DGL's auxiliary classifier for a stage of this model (None: models.resnet.AuxHead)
+  # (outputs, labels) -> (mean loss, a metric logged as train_accuracy): what every method minimises
+  loss: Callable = classification_loss
+  detector: Any = None      # detection networks: models.detection.Detector (anchors, decoding, per-image loss)
 
   @property
   def block_names(self) -> tuple[str, ...]:

@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdecouple.common import classification_loss
 from jaxdecouple.data import Batch
 
 from jaxdecouple.pipeline.engine import Pipeline, PipelineState, Stage, StageState
@@ -46,7 +45,7 @@ class Diagnosis:
       def loss(params):
         logits, _ = model.apply({'params': params, 'batch_stats': variables['batch_stats']},
                                 inputs(images, step), train=True)
-        return classification_loss(logits, labels)[0]
+        return model.loss(logits, labels)[0]
       return jax.grad(loss)(variables['params'])
 
     def below(variables, images, step, k):

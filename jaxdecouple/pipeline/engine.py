@@ -46,7 +46,7 @@ class Pipeline:
                    for k in range(K)]
     self.devices = [w.device for w in self.places]
     self.stages = [Stage(k, c, schedule, keep, beta, optimizer, lr, inputs, split_backward, d, model.num_classes,
-                         model.dtype, corrector, model.aux_head)
+                         model.dtype, corrector, model.aux_head, model.loss)
                    for k, (c, d) in enumerate(zip(model.cut(split.boundaries), self.devices))]
     for stage, where in zip(self.stages, self.places):
       stage.where = where

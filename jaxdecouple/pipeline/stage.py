@@ -54,8 +54,10 @@ class Stage:
 
   def __init__(self, index: int, chain: Chain, schedule: Schedule, keep: str, beta: float,
                optimizer: Optimizer, lr: Callable, inputs: Callable, split: bool, device: jax.Device,
-               num_classes: int, dtype=None, corrector: Corrector | None = None, aux_head=None):
+               num_classes: int, dtype=None, corrector: Corrector | None = None, aux_head=None,
+               loss: Callable = classification_loss):
     self.index, self.chain, self.schedule, self.device = index, chain, schedule, device
+    self.loss = loss  # the model's objective (Model.loss), of the last stage's outputs or a local head's
     self.optimizer, self.lr, self.split, self.beta = optimizer, lr, split, beta
     self.source, self.delay = schedule.source(index), schedule.delay(index)
     self.keep = keep if self.delay else None
@@ -85,14 +87,14 @@ class Stage:
     elif self.source == 'loss':
       def f(p, x):
         logits, s = run(p, x)
-        loss, accuracy = classification_loss(logits, labels)
+        loss, accuracy = self.loss(logits, labels)
         return loss, (None, s, {'train_loss': loss, 'train_accuracy': accuracy})
     else:
       def f(p, head_params):
         y, s = run(p, x)
         logits, head_vars = self.head.apply({'params': head_params, 'batch_stats': aux.batch_stats}, y, train=True,
                                             mutable=['batch_stats'])
-        loss = classification_loss(logits, labels)[0]
+        loss = self.loss(logits, labels)[0]
         return loss, (y, s, (head_vars.get('batch_stats', {}), {f'stage{self.index}_local_loss': loss}))
     if self.source == 'local':
       primals = (params, aux.params)

@@ -41,9 +41,10 @@ class SyncStage:
   """One stage's compiled passes on its device (or devices: ``StagePlace``)."""
 
   def __init__(self, index: int, chain, last: bool, where: StagePlace, optimizer: Optimizer, lr: Callable,
-               micro_batches: int):
+               micro_batches: int, loss: Callable = classification_loss):
     self.index, self.chain, self.last, self.where, self.device = index, chain, last, where, where.device
     self.optimizer, self.lr, self.micro_batches = optimizer, lr, micro_batches
+    self.loss = loss  # the model's objective (Model.loss)
     self.stash = VjpStash()
     self.forward = jax.jit(self._forward)
     # the running sum is not donated: a timed iteration reads when each pass's output became ready
@@ -59,7 +60,7 @@ class SyncStage:
     if self.last:
       def f(p, x):
         logits, s = run(p, x)
-        loss, accuracy = classification_loss(logits, labels)
+        loss, accuracy = self.loss(logits, labels)
         return loss, (s, {'train_loss': loss, 'train_accuracy': accuracy})
     else:
       f = lambda p, x: (lambda y, s: (y, (s, {})))(*run(p, x))
@@ -98,7 +99,7 @@ class SyncPipeline:
     self.places = [StagePlace(devices[k * D:(k + 1) * D] if D > 1 else [devices[k % len(devices)]])
                    for k in range(K)]
     self.devices = [w.device for w in self.places]
-    self.stages = [SyncStage(k, c, k == schedule.last, w, optimizer, lr, schedule.micro_batches)
+    self.stages = [SyncStage(k, c, k == schedule.last, w, optimizer, lr, schedule.micro_batches, model.loss)
                    for k, (c, w) in enumerate(zip(model.cut(split.boundaries), self.places))]
     self.prepare = jax.jit(lambda images, step: self.inputs(images, step))
     self.message_bytes: list[int] = []  # per stage: its outputs and the gradients coming back, one iteration

@@ -20,7 +20,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxdecouple.common import classification_loss
 from jaxdecouple.data import Batch, Preprocess, TrainOrder, train_inputs
 from jaxdecouple.models import Chain, Model
 from jaxdecouple.models.slots import slot_apply
@@ -171,7 +170,7 @@ class Replica:
       p = {**shared, **slots}
       logits, new_stats = slot_apply(self.chain, self.groups, {'params': p, 'batch_stats': stats}, x,
                                      valid, train=True, skip=self.spec.skip)
-      loss, accuracy = classification_loss(logits, labels)
+      loss, accuracy = self.model.loss(logits, labels)
       return loss, (new_stats, accuracy)
 
     # The slots enter the gradient one by one (a list): differentiating slices of the stacked array would
