@@ -19,7 +19,8 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.scan_blocks = 0            # runs of at least N identical blocks run as one scanned loop (0: never);
                                # ResNet-1202 compiles in seconds instead of minutes (docs/PERFORMANCE.md)
   c.dataset = 'cifar10'        # cifar10, cifar100, fashion_mnist (in memory); imagenet (streamed from JPEGs);
-                               # fortunes, text (byte-level text, data/text.py)
+                               # fortunes, text (byte-level text, data/text.py); shapes, voc (detection,
+                               # data/detection.py: with a yolo_ model)
   c.seed = 0
   c.batch_size = 128
   c.num_epochs = 300
@@ -60,6 +61,9 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.data.sequence_length = 128  # fortunes, text: bytes per example (the model predicts each next byte)
   c.data.synthetic_train_size = 512
   c.data.synthetic_test_size = 256
+  c.data.detection_train_size = 6000  # shapes (generated detection data, data/shapes.py): training images
+  c.data.detection_test_size = 1000   # and test images, drawn from
+  c.data.detection_seed = 0           # this seed (the data set's, not the run's)
 
   c.optim = ml_collections.ConfigDict()  # per stage in pipelines, per worker in replicas (jaxdecouple/optim.py)
   c.optim.name = 'sgd'         # sgd (PyTorch's SGD, the papers'), adamw, lamb, lars, muon (optax)

@@ -79,7 +79,14 @@ def _check_model_input(config) -> None:
   position for every byte of a sequence)."""
   from jaxdecouple import data, models
   tokens = config.dataset in data.TEXT_DATASETS
-  if tokens:
+  detecting = config.dataset in data.DETECTION_DATASETS
+  if detecting != config.model.startswith(models.DETECTION_PREFIX):
+    fail('model', f'{config.model} and dataset={config.dataset}: a detection data set (shapes, voc) trains a '
+         'yolo_ network (e.g. yolo_postact_tiny), and a yolo_ network trains on a detection data set')
+  if detecting:
+    shape = data.DETECTION_DATASETS[config.dataset].image_shape
+    shape = (config.data.image_size, config.data.image_size, 3) if config.dataset == 'voc' else shape
+  elif tokens:
     _positive(config, 'data.sequence_length')
     shape = (config.data.sequence_length,)
   else:
@@ -111,7 +118,7 @@ def validate(config) -> None:
       models.build_model(config.model, 10, head_norm=False)
     except ValueError as e:
       fail('model_head_norm', str(e))
-  _choice(config, 'dataset', sorted((*data.DATASETS, *data.TEXT_DATASETS)))
+  _choice(config, 'dataset', sorted((*data.DATASETS, *data.TEXT_DATASETS, *data.DETECTION_DATASETS)))
   _check_model_input(config)
   _choice(config, 'data.source', data.SOURCES)
   _choice(config, 'data.normalization', ('default', 'adl'))

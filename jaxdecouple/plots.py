@@ -34,7 +34,7 @@ def learning_curves(workdir: str) -> dict[str, list[float]]:
     records[(r['kind'], r['step'])] = r
   evals = sorted((r for (kind, _), r in records.items() if kind == 'eval'), key=lambda r: r['step'])
   train = sorted((r for (kind, _), r in records.items() if kind == 'train'), key=lambda r: r['step'])
-  curves = {'epoch': [], 'test_error': [], 'train_loss': [], 'train_error': [], 'train_seconds': []}
+  curves = {'epoch': [], 'test_error': [], 'test_loss': [], 'train_loss': [], 'train_error': [], 'train_seconds': []}
   mean = lambda values: sum(values) / len(values) if values else math.nan
   previous, seconds = 0, 0.0
   for e in evals:
@@ -44,6 +44,7 @@ def learning_curves(workdir: str) -> dict[str, list[float]]:
     number = lambda key: [r[key] for r in epoch if isinstance(r.get(key), (int, float))]
     curves['epoch'].append(e['epoch'])
     curves['test_error'].append(100.0 * (1.0 - e['test_accuracy']))
+    curves['test_loss'].append(e.get('test_loss', math.nan))
     curves['train_loss'].append(mean(number('train_loss')))
     curves['train_error'].append(100.0 * (1.0 - mean(number('train_accuracy'))))
     previous = e['step']

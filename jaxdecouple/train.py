@@ -79,7 +79,8 @@ def _finite(state) -> bool:
 def build_setup(config, dataset) -> Setup:
   model = build_model(config.model, dataset.num_classes,
                       scan_min=config.scan_blocks if METHODS[config.method].scans_blocks else 0,
-                      dtype=config.compute_dtype, init=config.model_init, head_norm=config.model_head_norm)
+                      dtype=config.compute_dtype, init=config.model_init, head_norm=config.model_head_norm,
+                      anchors=dataset.anchors)
   steps_per_epoch = len(dataset.x_train) // config.batch_size
   return Setup(config=config, model=model, preprocess=preprocess_for(dataset, config.data),
                optimizer=make_optimizer(config.optim),
@@ -213,7 +214,7 @@ class Loop:
     self.writer = MetricWriter(self.workdir, enabled=jax.process_index() == 0)
     self.evaluator = Evaluator(method.predict_fn(), self.setup.preprocess, min(c.eval_batch_size, len(ds.x_test)),
                                jax.local_devices()[0], exact_batches=method.eval_uses_batch_statistics,
-                               num_classes=ds.num_classes)
+                               num_classes=ds.num_classes, detector=self.setup.model.detector)
     return state, start, carried
 
   def log(self, step: int) -> None:
@@ -252,8 +253,8 @@ class Loop:
           'eval', step, epoch=round(step / self.spe, 4), **result, epoch_time_s=round(epoch_time, 3),
           eval_time_s=round(time.perf_counter() - t, 3),
           train_images_per_sec=round(epoch_steps * self.config.batch_size / max(epoch_time, 1e-9), 1))
-      logging.info('epoch %.2f (step %d): test accuracy %.4f, test loss %.4f; %.1f s for the epoch',
-                   step / self.spe, step, result['test_accuracy'], result['test_loss'], epoch_time)
+      logging.info('epoch %.2f (step %d): test %s %.4f, test loss %.4f; %.1f s for the epoch', step / self.spe, step,
+                   'mAP' if 'test_map' in result else 'accuracy', result['test_accuracy'], result['test_loss'], epoch_time)
     self.clock.next_epoch()
     return record
 

@@ -200,6 +200,19 @@ def _stage_forward(stage, params, x, stats):
   return stage.apply({'params': params, 'batch_stats': stats}, x, train=True)
 
 
+def reference_objective(ds):
+  """The mean loss the references minimise, written from each task's definition: softmax cross-entropy of
+  integer labels, or for a detection data set (``ds.anchors``, fractions of the image) the YOLO-v2 region loss
+  (jaxdecouple.detection.yolo, itself held to hand-computed values in test_detection_loss.py) with the anchors
+  in cells of the outputs' grid."""
+  import jax.numpy as jnp
+  import optax
+  if not ds.anchors:
+    return lambda logits, labels: optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+  from jaxdecouple.detection import yolo_v2_loss
+  return lambda out, labels: yolo_v2_loss(out, labels, jnp.asarray(ds.anchors) * out.shape[1], ds.num_classes)[0]
+
+
 @jax.jit
 def sgd_step(params, momentum, grads, lr):
   """Plain SGD as the papers' recipe: weight decay 5e-4 added to the gradient, momentum 0.9, no
@@ -222,7 +235,8 @@ class SequentialStages:
     from jaxdecouple.pipeline import choose_split
     self.config = config
     self.ds = load_dataset(config.data, config.dataset)
-    self.model = model = build_model(config.model, self.ds.num_classes)
+    self.model = model = build_model(config.model, self.ds.num_classes, anchors=self.ds.anchors)
+    self.loss = reference_objective(self.ds)
     variables = model.init(jax.random.key(config.seed), jnp.zeros((1, *self.ds.image_shape)))
     k = config.pipeline.num_stages
     self.stages = model.cut(choose_split(model, k, config.pipeline.split, self.ds.image_shape).boundaries)

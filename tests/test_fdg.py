@@ -1,6 +1,5 @@
 """FDG against a sequential reference of its definition, plus the pipeline invariants."""
 import jax
-import optax
 import pytest
 
 from conftest import SequentialStages, assert_trees_close, assert_trees_equal, tiny_config
@@ -41,7 +40,7 @@ def reference_fdg(config, steps, tx=None):
 
         def loss(p, x):
           logits, new = ref.run(k, p, x, ref.stats[k])
-          return optax.softmax_cross_entropy_with_integer_labels(logits, labels[m]).mean(), new
+          return ref.loss(logits, labels[m]), new
         (gp, gx), ref.stats[k] = jax.grad(loss, argnums=(0, 1), has_aux=True)(ref.params[k], inputs[k][m])
         ref.sgd(k, gp, lr)
         if k > 0:

@@ -6,10 +6,9 @@ import shutil
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
-from conftest import assert_trees_close, assert_trees_equal, sgd_step, tiny_config
+from conftest import assert_trees_close, reference_objective, sgd_step, tiny_config
 from jaxdecouple.data import Preprocess, TrainOrder, load_dataset, preprocess_for, train_inputs
 from jaxdecouple.errors import ConfigError
 from jaxdecouple.models import build_model
@@ -92,7 +91,8 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True, 
   r = config.replica
   S, L = r.num_workers, r.local_steps
   ds = load_dataset(config.data, config.dataset)
-  model = build_model(config.model, ds.num_classes)
+  model = build_model(config.model, ds.num_classes, anchors=ds.anchors)
+  objective_of = reference_objective(ds)  # cross-entropy, or YOLO-v2's loss on a detection data set
   blocks = partitioned_blocks(model) if partition and not sections else tuple(n for g in sections or () for n in g)
   init = model.init(jax.random.key(config.seed), jnp.zeros((1, *ds.image_shape)))
   params = [dict(init['params']) for _ in range(S)]  # one dict per worker: blocks are replaced in it
@@ -132,7 +132,7 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True, 
           h, upd = train_block(module_of[n], v, h)
           if n in stats:
             new[n] = upd
-      return optax.softmax_cross_entropy_with_integer_labels(h, labels).mean(), new
+      return objective_of(h, labels), new
     return jax.grad(loss, has_aux=True)
 
   for t in range(steps):

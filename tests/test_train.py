@@ -11,10 +11,9 @@ import types
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
-from conftest import (assert_trees_close, assert_trees_equal, communicate_within, run_within, scaled_timeout, sgd_step,
+from conftest import (assert_trees_close, assert_trees_equal, communicate_within, reference_objective, run_within, scaled_timeout, sgd_step,
                       timed_out, tiny_config)
 from jaxdecouple.data import Preprocess, TrainOrder, load_dataset, preprocess_for, train_inputs
 from jaxdecouple.errors import CheckpointError
@@ -28,7 +27,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def reference_bp(config, steps):
   """Plain sequential BP written from the definition: same init, batches and augmentation keys."""
   ds = load_dataset(config.data, config.dataset)
-  model = build_model(config.model, ds.num_classes)
+  model = build_model(config.model, ds.num_classes, anchors=ds.anchors)
+  objective_of = reference_objective(ds)  # cross-entropy, or YOLO-v2's loss on a detection data set
   variables = model.init(jax.random.key(config.seed), jnp.zeros((1, *ds.image_shape)))
   params, stats = variables['params'], variables['batch_stats']
   momentum = jax.tree.map(jnp.zeros_like, params)
@@ -43,7 +43,7 @@ def reference_bp(config, steps):
 
     def loss(p):
       logits, new = forward(p, stats, x)
-      return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), new
+      return objective_of(logits, y), new
     grads, stats = jax.grad(loss, has_aux=True)(params)
     lr = config.optim.learning_rate * (0.1 if t >= config.optim.milestones[0] * spe else 1.0)
     params, momentum = sgd_step(params, momentum, grads, lr)  # conftest: weight decay, momentum 0.9

@@ -3,8 +3,9 @@
 from jaxdecouple.data.checks import validate
 from jaxdecouple.data.batches import Batch, Preprocess, TrainOrder, augment, normalize, preprocess_for, train_inputs
 from jaxdecouple.data.text import TEXT_DATASETS
+from jaxdecouple.data.detection import DETECTION_DATASETS
 from jaxdecouple.data.datasets import DATASETS, SOURCES, STREAM_SOURCES, STREAMED, Dataset, DatasetInfo
 from jaxdecouple.data.sources import load_dataset
 
 __all__ = ['Batch', 'Preprocess', 'TrainOrder', 'augment', 'normalize', 'preprocess_for', 'train_inputs', 'DATASETS',
-           'SOURCES', 'STREAM_SOURCES', 'STREAMED', 'TEXT_DATASETS', 'Dataset', 'DatasetInfo', 'load_dataset', 'validate']
+           'SOURCES', 'STREAM_SOURCES', 'STREAMED', 'TEXT_DATASETS', 'DETECTION_DATASETS', 'Dataset', 'DatasetInfo', 'load_dataset', 'validate']

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from jaxdecouple.data.datasets import STREAM_SOURCES, STREAMED
+from jaxdecouple.data.detection import DETECTION_DATASETS, DETECTION_SOURCES
 from jaxdecouple.errors import fail
 
 
@@ -11,11 +12,19 @@ def validate(config) -> None:
   if streamed and config.data.source not in STREAM_SOURCES:
     fail('data.source', f'{config.data.source!r} holds data in memory; {config.dataset} is streamed from JPEG files: '
          f'use {", ".join(STREAM_SOURCES)}')
-  if not streamed and config.data.source == 'folder':
+  if config.dataset in DETECTION_DATASETS:
+    if config.data.source not in DETECTION_SOURCES[config.dataset]:
+      fail('data.source', f'{config.data.source!r} cannot provide {config.dataset}: use one of '
+           f'{", ".join(DETECTION_SOURCES[config.dataset])}')
+    if config.data.augment:
+      fail('data.augment', f'{config.dataset} is a detection data set: random crops and flips would move its objects '
+           'but not their boxes; set it False (the ResIST paper trains detection without augmentation)')
+  elif not streamed and config.data.source == 'folder':
     fail('data.source', f"'folder' streams JPEG files (dataset=imagenet); {config.dataset} is read into memory: "
          "use auto, idx, npz or tfds")
   if config.data.source == 'folder' and not config.data.path:
-    fail('data.path', "is required when data.source='folder' (a folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG)")
+    fail('data.path', "is required when data.source='folder' (imagenet: a folder with train/CLASS/*.JPEG and "
+         "val/CLASS/*.JPEG; voc: the extracted VOCdevkit folder)")
   if config.data.image_size > 1024:
     fail('data.image_size', f'{config.data.image_size} pixels is more than 1024; ImageNet models train at 224')
   if config.data.workers > 256:

@@ -47,6 +47,13 @@ class Dataset:
   # streamed data sets: further test sets (e.g. ImageNet-V2), evaluated beside x_test; metric prefix -> images
   extra_tests: dict = dataclasses.field(default_factory=dict)
   tokens: bool = False  # byte-level text (data/text.py): x holds [N, T] bytes, y the [N, T] next bytes
+  # detection (data/detection.py): y holds [N, MAX_BOXES, 6] boxes; the anchors, (width, height) fractions of the
+  # image, that its networks predict boxes from
+  anchors: tuple = ()
+
+  @property
+  def detection(self) -> bool:
+    return bool(self.anchors)
 
 
   @property

@@ -15,6 +15,7 @@ import zipfile
 import numpy as np
 
 from jaxdecouple.data.datasets import ADL_CIFAR10_STD, DATASETS, STREAMED, Dataset
+from jaxdecouple.data.detection import DETECTION_DATASETS, load_detection
 from jaxdecouple.data.text import TEXT_DATASETS, VOCAB, load_text
 from jaxdecouple.errors import DataError
 
@@ -169,8 +170,10 @@ def load_dataset(data_config, name: str) -> Dataset:
   if name in TEXT_DATASETS:
     arrays, where = load_text(data_config, name)
     return Dataset(name, *arrays, num_classes=VOCAB, mean=(), std=(), source=where, tokens=True)
+  if name in DETECTION_DATASETS:
+    return load_detection(data_config, name)
   if name not in DATASETS:
-    raise DataError(f'unknown dataset {name!r}; allowed: {", ".join((*DATASETS, *TEXT_DATASETS))}')
+    raise DataError(f'unknown dataset {name!r}; allowed: {", ".join((*DATASETS, *TEXT_DATASETS, *DETECTION_DATASETS))}')
   if name in STREAMED:
     from jaxdecouple.data.imagenet import load_streamed  # noqa: PLC0415  (only streamed data sets need it)
     return load_streamed(data_config, name)

@@ -7,7 +7,8 @@ ResNet-152 and ResNet-200: [3, 4, 40, 3] and [3, 4, 56, 3]), ``preact_s3_{n}`` (
 ImageNet forms: 7x7 stride-2 stem and max-pool; bottlenecks from 50 on), ``preact_tiny`` ([1, 1, 6, 1], 8..64 channels, for tests and CPU studies) and
 ``preact_tiny_s3_{n}`` ([1, 1, n, 1], 8..64 channels: n - 1 partitioned blocks for ResIST on a CPU); transformers
 (models/transformer.py): ``vit{L}_d{D}[_h{H}]_p{P}`` and ``gpt{L}_d{D}[_h{H}]_t{T}``, with ``vit_tiny``, ``vit_small``,
-``gpt_tiny``, ``gpt_small`` (the 8-layer GPT of the studies) and ``gpt12``.
+``gpt_tiny``, ``gpt_small`` (the 8-layer GPT of the studies) and ``gpt12``; detection (models/detection.py):
+``yolo_{any image backbone}`` (``yolo_postact101``: ResIST's section 5), with the data set's anchors.
 """
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ import re
 
 import jax.numpy as jnp
 
+from jaxdecouple.detection.yolo import VOC_ANCHORS, VOC_GRID
 from jaxdecouple.models.core import Chain, Model, count_params, merge, relayout, subset
+from jaxdecouple.models.detection import PREFIX as DETECTION_PREFIX
+from jaxdecouple.models.detection import yolo
 from jaxdecouple.models.resnet import (IMAGENET_DEPTHS, AuxHead, adaptive_avg_pool, cifar_resnet, imagenet_preact_resnet,
                                       imagenet_resnet, postact_resnet, preact_resnet, resnet18, wide_resnet)
 from jaxdecouple.models.transformer import HELP as TRANSFORMER_HELP
@@ -24,18 +28,20 @@ from jaxdecouple.models.transformer import build_transformer, check_input
 
 MODEL_HELP = ('resnet{6n+2} (e.g. resnet20, resnet56, resnet110), resnet18, wrn{6n+4}_{k} (e.g. wrn28_10), '
               'preact101, preact152, preact200, preact_s3_{n}, preact_tiny, postact101, postact_tiny, preact_tiny_s3_{n}; ImageNet form (7x7 stem, max-pool): '
-              'imagenet_resnet{18,34,50,101,152}, imagenet_preact101; transformers: ' + TRANSFORMER_HELP)
+              'imagenet_resnet{18,34,50,101,152}, imagenet_preact101; transformers: ' + TRANSFORMER_HELP +
+              '; detection: yolo_{an image backbone} (e.g. yolo_postact101, yolo_postact_tiny)')
 
 
 def build_model(name: str, num_classes: int, scan_min: int = 0, dtype='float32', init: str = 'he',
-                head_norm: bool = True) -> Model:
+                head_norm: bool = True, anchors=()) -> Model:
   """Builds a registered model; raises ValueError naming the allowed names. ``scan_min`` > 0: runs of at
   least that many identical blocks run as one scanned loop (see models/core.py). ``dtype``: the blocks'
   compute type ('float32' or 'bfloat16': activations and convolutions in bfloat16; parameters, BatchNorm
   statistics and the logits in float32). ``init``: 'he' (the modules' own) or 'torch' (PyTorch's defaults,
   models/core.py). ``head_norm`` False drops a pre-activation network's BN-ReLU before pooling (the ResIST
-  release has none)."""
-  model = _build(name, num_classes)
+  release has none). ``anchors``: a ``yolo_`` network's, (width, height) as fractions of the image (the data
+  set's; default YOLO-v2's VOC anchors)."""
+  model = _build(name, num_classes, anchors)
   if init != 'he':
     model = dataclasses.replace(model, init_scheme=init)
   if not head_norm:
@@ -63,7 +69,13 @@ PAPER_DEEPER = {'preact152': 40, 'preact200': 56}
 MAX_BLOCKS = 1000  # ResNet-1202 has 600; far deeper names only hang the model's construction
 
 
-def _build(name: str, num_classes: int) -> Model:
+def _build(name: str, num_classes: int, anchors=()) -> Model:
+  if name.startswith(DETECTION_PREFIX):
+    backbone = name[len(DETECTION_PREFIX):]
+    if backbone.startswith(('vit', 'gpt', DETECTION_PREFIX)):
+      raise ValueError(f'{name}: a detection network needs a ResNet backbone (e.g. yolo_postact101, yolo_postact_tiny)')
+    anchors = anchors if len(anchors) else [(w / VOC_GRID, h / VOC_GRID) for w, h in VOC_ANCHORS]
+    return yolo(_build(backbone, num_classes), anchors, num_classes)
   if (transformer := build_transformer(name, num_classes)) is not None:
     return transformer
   if (m := re.fullmatch(r'(resnet|wrn)(\d+)(_\d+)?|preact(_tiny)?_s3_(\d+)', name)) and \
@@ -104,4 +116,4 @@ def _build(name: str, num_classes: int) -> Model:
   raise ValueError(f'unknown model {name!r}; allowed: {MODEL_HELP}')
 
 
-__all__ = ['check_input', 'AuxHead', 'Chain', 'Model', 'adaptive_avg_pool', 'build_model', 'count_params', 'merge', 'relayout', 'subset', 'MODEL_HELP']
+__all__ = ['DETECTION_PREFIX', 'check_input', 'AuxHead', 'Chain', 'Model', 'adaptive_avg_pool', 'build_model', 'count_params', 'merge', 'relayout', 'subset', 'MODEL_HELP']

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdecouple.models import Model
+from jaxdecouple.models import DETECTION_PREFIX, Model
 from jaxdecouple.models.resnet import BasicBlock, PreActBlock
 from jaxdecouple.models.transformer import TransformerBlock
 
@@ -26,6 +26,13 @@ PARTITIONED_SECTION = 2  # the third section (0-based)
 
 def is_transformer(model: Model) -> bool:
   return isinstance(model.chain.modules[1], TransformerBlock)
+
+
+def block_kinds(model: Model) -> tuple[type, ...]:
+  """The residual blocks ResIST may partition: post-activation ones only in the models built for it (postact*,
+  also as a detection backbone, yolo_postact*), since a CIFAR resnet152 is not ResIST's."""
+  postact = model.name.removeprefix(DETECTION_PREFIX).startswith('postact')
+  return (PreActBlock, BasicBlock) if postact else (PreActBlock,)
 
 
 def partitioned_blocks(model: Model) -> tuple[str, ...]:
@@ -38,8 +45,7 @@ def partitioned_blocks(model: Model) -> tuple[str, ...]:
   modules = dict(zip(model.chain.names, model.chain.modules))
   if is_transformer(model):
     return tuple(n for n, (s, i) in model.sections.items() if i >= 1)
-  # post-activation blocks only in the models built for it (postact*): a CIFAR resnet152 is not ResIST's
-  kinds = (PreActBlock, BasicBlock) if model.name.startswith('postact') else (PreActBlock,)
+  kinds = block_kinds(model)
   names = tuple(n for n, (s, i) in model.sections.items()
                 if s == PARTITIONED_SECTION and i >= 1 and isinstance(modules[n], kinds))
   if len(names) < 1:
@@ -47,7 +53,7 @@ def partitioned_blocks(model: Model) -> tuple[str, ...]:
             'ResNet-152 and ResNet-200 are preact152 and preact200, any third-section depth is preact_s3_N)'
             ) if model.name in ('resnet152', 'resnet200') else ''
     raise ValueError(f'{model.name} has no non-strided pre-activation blocks in its third section to '
-                     f'partition; use a pre-activation ResNet (preact101, preact152, preact200, preact_s3_N, preact_tiny) or postact101{hint}')
+                     f'partition; use a pre-activation ResNet (preact101, preact152, preact200, preact_s3_N, preact_tiny) or postact101, postact_tiny{hint}')
   return names
 
 
@@ -66,7 +72,7 @@ def partitioned_groups(model: Model, scope: str = 'third_section') -> tuple[tupl
   if is_transformer(model):
     raise ValueError(f"{model.name}: a transformer has one section of identical blocks, so 'every_section' is "
                      "'third_section' (its blocks after the first): use the default")
-  kinds = (PreActBlock, BasicBlock) if model.name.startswith('postact') else (PreActBlock,)
+  kinds = block_kinds(model)
   x = jax.ShapeDtypeStruct((1, 32, 32, 3), jnp.float32)
   groups: list[list[str]] = []
   last = None  # (section, module) of the group being built

@@ -74,6 +74,8 @@ class Study:
   column_order: tuple[str, ...] = ()  # the table's columns; default: in the order the runs first name them
   best_accuracy: bool = False  # also each run's best test accuracy, mean and std over seeds (ResIST's way)
   train_error: bool = False  # also the last epoch's training error beside the test error (underfit or not)
+  detection: bool = False  # detection runs: their test loss and mAP (the main table's error is 100 - mAP)
+  paper_loss: dict = dataclasses.field(default_factory=dict)  # (row, column) -> the paper's best test loss
   # What the runs say, in words: paragraphs written by hand from the finished runs' tables, printed under
   # READING in the report; every figure they quote must stand in the section's tables (a test checks), so
   # a reading that new runs have made stale fails the tests instead of misleading.

@@ -52,6 +52,26 @@ def best_accuracy_table(study: Study, workdir: str) -> list[str]:
                        ('', 'paper'), cells)
 
 
+def detection_table(study: Study, workdir: str) -> list[str]:
+  """Detection studies (the ResIST paper's Table 6 way): each run's best test loss over its evaluations, mean ±
+  standard deviation over the seeds, the paper's beside it when it has one; and the mAP (VOC 2007, IoU 0.5) at
+  the last evaluation, median over the seeds."""
+  if not study.detection:
+    return []
+
+  def cells(row, col, curves):
+    best = [min(c['test_loss']) for c in curves]
+    maps = [100 - c['test_error'][-1] for c in curves]
+    paper = study.paper_loss.get((row, col))
+    return ['-' if not best else f'{statistics.mean(best):.3f}' + (f' ± {statistics.stdev(best):.3f}' if len(best) > 1
+                                                                 else '') + f', n={len(best)}',
+            '-' if paper is None else f'{paper:.2f}', f'{statistics.median(maps):.2f}' if maps else '-']
+  return _curves_table(study, workdir, "Best test loss (the YOLO-v2 loss per image) over each run's evaluations, mean ± "
+                       "standard deviation over the finished seeds (the ResIST paper's Table 6 way), the paper's beside "
+                       'it; and the mAP (%, VOC 2007, IoU 0.5) at the last evaluation, median over the seeds:',
+                       ('', 'paper', 'mAP'), cells)
+
+
 def levelling_table(study: Study, workdir: str) -> list[str]:
   """Whether training ran its course: each column's test error at the end minus at 80% of the epochs."""
   def cells(row, col, curves):
