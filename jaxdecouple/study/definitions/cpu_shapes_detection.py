@@ -4,7 +4,7 @@ and VOC replaced by the generated shapes (data/shapes.py), so the detection path
 from jaxdecouple.papers import RESIST_DETECTION
 from jaxdecouple.study.core import SEEDS, Run, Study
 
-EPOCHS, MODEL, BATCH = 6, 'yolo_postact_tiny', 32
+EPOCHS, MODEL, BATCH, IMAGES = 5, 'yolo_postact_tiny', 32, 4000
 COLUMNS = (('local SGD', 'localsgd'), ('ResIST', 'resist'))
 
 
@@ -17,6 +17,7 @@ def build(method, workers, epochs=EPOCHS):
     c.optim.warmup_epochs = 0.3 * epochs
     c.optim.milestones = (round(0.6 * epochs), round(0.9 * epochs))
     c.eval_batch_size = 250
+    c.data.detection_train_size = IMAGES
     c.log_every_steps, c.checkpoint_every_steps = 50, 250
     return c
   return b
@@ -28,7 +29,7 @@ def study() -> Study:
   paper = {(f'{MODEL}, S={s}', c): RESIST_DETECTION[(c, s)]['test loss'] for s in (2, 4) for c, _ in COLUMNS}
   return Study(
       'cpu_shapes_detection', 'CPU: object detection on generated shapes, ResIST against local SGD', (
-          'shapes: 6000 training and 1000 test images of 64 x 64, each with 1-4 squares, circles and triangles on a '
+          f'shapes: {IMAGES} training and 1000 test images of 64 x 64, each with 1-4 squares, circles and triangles on a '
           'smooth background (data/shapes.py, generated from seed 0), boxes and classes exact'),
       f'The ResIST paper\'s detection recipe (recipes.resist_detection: no augmentation, batch {BATCH} per worker '
       'here against its 10, 50 local steps per round, momentum restarted, batch statistics) for '
