@@ -36,7 +36,7 @@ def test_notebook_executes_top_to_bottom(tmp_path, monkeypatch):
   outputs = {c['id']: ''.join(o.get('text', '') for o in c['outputs']) for c in nb['cells']
              if c['cell_type'] == 'code'}
   text = '\n'.join(outputs.values())
-  assert 'BP: test accuracy' in text and 'FDG K=2: test accuracy' in text
+  assert 'BP: test accuracy' in text and 'FDG K=2: test accuracy' in text and 'ResIST S=2: test accuracy' in text
   assert 'fdg resnet56: K=' in text
   images = [o for c in nb['cells'] if c['cell_type'] == 'code' for o in c['outputs']
             if 'image/png' in o.get('data', {})]

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs the quickstart notebook's install cell on a fresh virtual environment (no packages but pip's, as a new
+# Colab or TPU VM runtime has none of the project's), from a copy of this checkout's committed files, then
+# imports the library and checks a paper config. Needs the package registry (pip) and about 2 minutes.
+#   bash notebooks/check_install.sh            # SOURCE: the project folder the notebook sits in
+#   JAXDECOUPLE_SOURCE=dist/jaxdecouple-0.1.0-py3-none-any.whl bash notebooks/check_install.sh
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+git -C "$here" archive HEAD | tar -x -C "$scratch"   # what a clone holds, nothing of this machine's
+python3 -m venv "$scratch/venv"
+python3 - "$here/notebooks/quickstart.ipynb" > "$scratch/install_cell.py" <<'PY'
+import json, sys
+cells = [''.join(c['source']) for c in json.load(open(sys.argv[1]))['cells'] if c['cell_type'] == 'code']
+print('import os')
+print(next(c for c in cells if c.startswith('# Install the project')))
+PY
+start=$(date +%s)
+(cd "$scratch/notebooks" && env -u PYTHONPATH "$scratch/venv/bin/python" "$scratch/install_cell.py")
+echo "install cell: $(( $(date +%s) - start )) s"
+cd /
+env -u PYTHONPATH "$scratch/venv/bin/python" - "$scratch" <<'PY'
+import importlib.util, os, sys
+import jaxdecouple
+assert not jaxdecouple.__file__.startswith(sys.argv[1] + '/jaxdecouple'), 'imported from the copy, not installed'
+spec = importlib.util.spec_from_file_location('c', os.path.join(sys.argv[1], 'configs', 'resist_preact101_c10_s2.py'))
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+from jaxdecouple.methods import validate
+validate(module.get_config())
+import jax, flax, optax, orbax.checkpoint, tensorflow_datasets
+print('installed:', jaxdecouple.__file__, '| jax', jax.__version__, '| flax', flax.__version__, '| optax',
+      optax.__version__, '| tensorflow-datasets', tensorflow_datasets.__version__)
+PY
+echo "check_install: the install cell installed the project and its requirements on a fresh environment"
