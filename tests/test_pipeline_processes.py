@@ -114,21 +114,13 @@ def test_every_pipeline_method_over_two_processes_matches_one_process(tmp_path):
   assert sorted(os.listdir(tmp_path / 'w' / 'ddg' / 'checkpoints')) == ['process_0', 'process_1']
 
 
-def test_four_stages_over_two_processes_of_two_devices(tmp_path):
-  procs = start(tmp_path, 2, ['fdg4:fdg:4:8'])
-  one_process(tmp_path, 2, ['fdg4:fdg:4:8'])  # 4 stages on 2 devices
-  codes, logs = finish(procs)
-  assert codes == [0, 0], logs
-  assert_same(tmp_path / 'p0_fdg4.npz', tmp_path / 'ref_fdg4.npz')
-  assert_same(tmp_path / 'p1_fdg4.npz', tmp_path / 'ref_fdg4.npz')
-
-
-def test_stages_split_over_two_devices_in_each_of_two_processes(tmp_path):
+def test_stages_over_two_processes_of_two_devices_each(tmp_path):
   """K = 2 x D = 2 (pipeline.data_parallel): stage 0 on process 0's two devices, stage 1 on process 1's, each
   batch split over them, activations, gradients and labels sent between the processes' device pairs; FDG and
-  1F1B give the one-process numbers on 4 devices bit for bit. Every process here gets an intra-op pool of 4
-  (the reference's device count), so that the reductions split alike."""
-  runs, env = ['fdg_dp:fdg:2:4:dp=2', '1f1b_dp:1f1b:2:4:dp=2'], {**ENV, 'PJRT_NPROC': '4'}
+  1F1B give the one-process numbers on 4 devices bit for bit. In the same launch, FDG with K = 4 stages over the
+  two processes of two devices (stages 0-1 in process 0, 2-3 in process 1; 8 steps, twice its fill). Every
+  process here gets an intra-op pool of 4 (the reference's device count), so that the reductions split alike."""
+  runs, env = ['fdg_dp:fdg:2:4:dp=2', '1f1b_dp:1f1b:2:4:dp=2', 'fdg4:fdg:4:8'], {**ENV, 'PJRT_NPROC': '4'}
   procs = start(tmp_path, 2, runs, env=env)
   one_process(tmp_path, 4, runs, env=env)
   codes, logs = finish(procs)
@@ -139,26 +131,33 @@ def test_stages_split_over_two_devices_in_each_of_two_processes(tmp_path):
       assert_same(tmp_path / f'p{i}_{name}.npz', tmp_path / f'ref_{name}.npz')
 
 
-def test_a_killed_process_and_a_sigterm_resume_exactly(tmp_path):
-  """Process 1 dies right after its checkpoint at step 4 (kill -9) and process 0 is killed too; both
-  restart and resume. Then a SIGTERM to process 1 alone stops both at the same step with a checkpoint,
-  and a restart finishes. The end equals an uninterrupted run in one process."""
-  steps, ckpt = 40, tmp_path / 'w' / 'r' / 'checkpoints'
-  procs = start(tmp_path, 1, [f'r:fdg:2:{steps}:ckpt=2:die=1@4'])
+def test_a_killed_process_and_a_sigterm_resume_exactly_with_a_workdir_per_host(tmp_path):
+  """Two hosts need not share a filesystem or a path: process 0 writes under host0/, process 1 under host1/.
+  Process 1 dies right after its checkpoint at step 4 (kill -9) and process 0 is killed too; both restart and
+  agree on the checkpoint to resume from (keyed by the run, not by a path): step 4, not 0. Then a SIGTERM to
+  process 1 alone stops both at the same step with a checkpoint, and a restart finishes. The end equals an
+  uninterrupted run in one process, bit for bit."""
+  steps, host = 40, 'host{process}'
+  ckpt = [tmp_path / f'host{i}' / 'r' / 'checkpoints' / f'process_{i}' for i in range(2)]
+  procs = start(tmp_path, 1, [f'r:fdg:2:{steps}:ckpt=2:die=1@4'], workdir=host)
   assert wait_within(procs[1], 300, 'waiting for process 1 to die at step 4') == -signal.SIGKILL
   procs[0].kill()  # left waiting for its dead neighbour's messages
   procs[0].communicate()
-  assert '4.npz' in os.listdir(ckpt / 'process_1')
+  assert '4.npz' in os.listdir(ckpt[1]) and not os.path.exists(tmp_path / 'host0' / 'r' / 'checkpoints' / 'process_1')
 
-  procs = start(tmp_path, 1, [f'r:fdg:2:{steps}:ckpt=2'])  # resumes at step 4 (the newest both processes have)
-  stopped = sigterm_process_1_once(procs, str(ckpt / 'process_1' / '*.npz'), 10, 'r', tmp_path, steps)
+  procs = start(tmp_path, 1, [f'r:fdg:2:{steps}:ckpt=2'], workdir=host)  # resumes at step 4 (the newest both have)
+  stopped = sigterm_process_1_once(procs, str(ckpt[1] / '*.npz'), 10, 'r', tmp_path, steps)
   for i in range(2):
-    assert f'{stopped}.npz' in os.listdir(ckpt / f'process_{i}')
+    assert f'{stopped}.npz' in os.listdir(ckpt[i])
+  from jaxdecouple.writers import read_metrics
+  trained = [r['step'] for r in read_metrics(str(tmp_path / 'host0' / 'r')) if r['kind'] == 'train']
+  assert trained.count(2) == 1 and trained.count(4) <= 2, trained  # resumed at step 4, not restarted from 0
 
-  procs = start(tmp_path, 1, [f'r:fdg:2:{steps}:ckpt=2'], tag='end')
+  procs = start(tmp_path, 1, [f'r:fdg:2:{steps}:ckpt=2'], tag='end', workdir=host)
   one_process(tmp_path, 2, [f'r:fdg:2:{steps}:ckpt=2'])
   codes, logs = finish(procs)
   assert codes == [0, 0], logs
+  assert 'no config.json' not in logs, logs  # each host's workdir has its own
   assert_same(tmp_path / 'end0_r.npz', tmp_path / 'ref_r.npz')
   assert_same(tmp_path / 'end1_r.npz', tmp_path / 'ref_r.npz')
 
@@ -179,28 +178,6 @@ def test_a_layout_that_leaves_a_process_idle_stops_at_start_up(tmp_path):
   codes, logs = finish(start(tmp_path, 2, ['one:fdg:1:2']))  # K = 1: process 1 would hold no stage
   assert codes != [0, 0]
   assert 'pipeline.num_stages' in logs and 'without a stage' in logs
-
-
-def test_each_process_may_keep_its_workdir_at_its_own_path(tmp_path):
-  """Two hosts need not share a filesystem or a path: process 0 writes under host0/, process 1 under host1/;
-  they agree on the checkpoint to resume from (keyed by the run, not by a path), resume at step 4 and end
-  where one process running the 8 steps uninterrupted ends, bit for bit."""
-  codes, logs = finish(start(tmp_path, 1, ['fdg:fdg:2:4:ckpt=2'], tag='first', workdir='host{process}'))
-  assert codes == [0, 0], logs
-  assert os.path.isdir(tmp_path / 'host0' / 'fdg') and os.path.isdir(tmp_path / 'host1' / 'fdg')
-  codes, logs = finish(start(tmp_path, 1, ['fdg:fdg:2:8:ckpt=2'], workdir='host{process}'))
-  assert codes == [0, 0], logs
-  assert 'no config.json' not in logs, logs  # each host's workdir has its own
-  from jaxdecouple.writers import read_metrics
-  trained = [r['step'] for r in read_metrics(str(tmp_path / 'host0' / 'fdg')) if r['kind'] == 'train']
-  assert trained == [2, 4, 6, 8], trained  # resumed at 4, not restarted from 0
-  one_process(tmp_path, 2, ['fdg:fdg:2:8:ckpt=2'])
-  ref = np.load(tmp_path / 'ref_fdg.npz')
-  for i in range(2):
-    mine = np.load(tmp_path / f'p{i}_fdg.npz')
-    for key in ref.files:
-      if key not in ('__decoded__',):
-        np.testing.assert_array_equal(mine[key], ref[key], err_msg=key)
 
 
 def test_processes_with_different_configs_stop_at_start_up_with_one_line(tmp_path):
