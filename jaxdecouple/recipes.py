@@ -43,6 +43,18 @@ def adl_paper(model: str, dataset: str = 'cifar10', num_stages: int = 3, accumul
   return c
 
 
+def release_replicas(c, num_workers: int):
+  """The ResIST release's replica settings on ``c``: S workers, 50 local iterations per round, momentum restarted
+  every round, BatchNorm with batch statistics at train and test time; progress every 100 steps."""
+  c.replica.num_workers = num_workers
+  c.replica.local_steps = 50
+  c.replica.momentum = 'restart'
+  c.replica.batch_norm = 'batch'
+  c.log_every_steps = 100
+  c.checkpoint_every_steps = 2000
+  return c
+
+
 def resist_release(method: str, dataset: str = 'cifar100', num_workers: int = 4, num_epochs: int = 160,
                    model: str = 'preact101'):
   """The ResIST release's recipe: pre-activation ResNet-101, batch 128 per worker, 50 local
@@ -57,13 +69,7 @@ def resist_release(method: str, dataset: str = 'cifar100', num_workers: int = 4,
   c.num_epochs = num_epochs
   c.optim.learning_rate = 0.03
   c.optim.milestones = (num_epochs // 2, num_epochs * 3 // 4)
-  c.replica.num_workers = num_workers
-  c.replica.local_steps = 50
-  c.replica.momentum = 'restart'
-  c.replica.batch_norm = 'batch'
-  c.log_every_steps = 100
-  c.checkpoint_every_steps = 2000
-  return c
+  return release_replicas(c, num_workers)
 
 
 def imagenet(method: str, model: str, batch_size: int = 256, num_epochs: int = 90):
@@ -166,10 +172,4 @@ def resist_detection(method: str, num_workers: int = 2, dataset: str = 'voc', mo
   c.optim.milestones = (60, 90)
   c.data.augment = False
   c.data.image_size = 416
-  c.replica.num_workers = num_workers
-  c.replica.local_steps = 50
-  c.replica.momentum = 'restart'
-  c.replica.batch_norm = 'batch'
-  c.log_every_steps = 100
-  c.checkpoint_every_steps = 2000
-  return c
+  return release_replicas(c, num_workers)
