@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ('batch_size', 0, 'config.batch_size: must be positive'),
     ('optim.learning_rate', -0.1, 'config.optim.learning_rate: must be positive'),
     ('model', 'resnet7', 'config.model: unknown model'),
-    ('dataset', 'mnist', 'config.dataset: .* choose one of: cifar10, cifar100, fashion_mnist, fortunes, imagenet, text'),
+    ('dataset', 'mnist', 'config.dataset: .* choose one of: cifar10, cifar100, fashion_mnist, fortunes, imagenet, shapes, text, voc'),
     ('method', 'magic', 'config.method: .*choose one of: .*bp'),
     ('data.source', 'web', 'config.data.source'),
     ('optim.momentum', 1.5, r'config.optim.momentum: must be in \[0, 1\)'),
