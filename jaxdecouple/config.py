@@ -46,7 +46,8 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.data.tfds_data_dir = ''
   c.data.tfds_download = True
   c.data.tfds_manual_dir = ''  # imagenet: ILSVRC2012_img_train.tar and _val.tar, prepared by tfds (needs TensorFlow)
-  c.data.image_size = 224      # imagenet: training crops and evaluation centre crops are this many pixels a side
+  c.data.image_size = 224      # imagenet: training crops and evaluation centre crops are this many pixels a side;
+                               # voc: images are resized to this many pixels a side
   c.data.workers = 0           # imagenet: processes decoding JPEGs (0: one per core)
   c.data.prefetch = 2          # imagenet: batches decoded ahead of the step that needs them
   c.data.imagenet_v2 = ''      # imagenet: also evaluate on ImageNet-V2: 'all' or some of matched-frequency,

@@ -127,7 +127,8 @@ def validate(config) -> None:
   _choice(config, 'optim.warmup', ('none', 'constant', 'linear'))
   for field in ('batch_size', 'num_epochs', 'eval_every_epochs', 'eval_batch_size', 'log_every_steps',
                 'keep_checkpoints', 'optim.learning_rate', 'data.synthetic_train_size',
-                'data.synthetic_test_size', 'data.image_size', 'data.prefetch'):
+                'data.synthetic_test_size', 'data.detection_train_size', 'data.detection_test_size',
+                'data.image_size', 'data.prefetch'):
     _positive(config, field)
   for field in ('max_steps', 'scan_blocks', 'checkpoint_every_steps', 'profile_every_steps', 'cpu_devices', 'seed', 'optim.weight_decay',
                 'optim.warmup_epochs', 'data.crop_padding', 'data.workers'):

@@ -16,7 +16,7 @@ from jaxdecouple.detection import MapAccumulator
 
 class Evaluator:
   """Test loss, top-1 (and, with 100 classes or more, top-5) accuracy of the whole network, batch by batch,
-  on one device.
+  on one device; for a detector (``detector``) the loss per image and the VOC 2007 mAP at IoU 0.5.
 
   ``predict(variables, images) -> logits`` is the method's (Method.predict_fn). The last, partial
   batch is padded to the batch size (one compiled shape) unless ``exact_batches``: predictions that

@@ -152,10 +152,11 @@ def vit_cifar(method: str, model: str = 'vit_small', num_epochs: int = 30):
   return transformer(method, model, 'cifar10', num_epochs, 128, 1e-3, 0.05)
 
 
-def resist_detection(method: str, num_workers: int = 2, dataset: str = 'voc', model: str = 'yolo_postact101',
+def resist_detection(method: str, num_workers: int = 2, dataset: str = 'voc', model: str = 'yolo_imagenet_postact101',
                      num_epochs: int = 100, batch_size: int = 10):
   """The ResIST paper's object detection (section 5, Table 6): a YOLO-v2-style detector (a post-activation
-  ResNet-101 backbone and a 1x1 convolution of anchor-box predictions; models/detection.py) on Pascal VOC 2007 +
+  ResNet-101 backbone, here with the ImageNet stem so that 416 pixels end on YOLO-v2's 13 x 13 grid, and a 1x1
+  convolution of anchor-box predictions; models/detection.py) on Pascal VOC 2007 +
   2012 trainval, tested on VOC 2007 test, 100 epochs, batch 10, no data augmentation, the learning rate warmed
   up over the first 30 epochs and divided by 10 at epochs 60 and 90; the best test loss is the paper's metric.
   Local SGD and ResIST share the replica recipe of its CIFAR runs (50 local iterations, momentum restarted,

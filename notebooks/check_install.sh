@@ -6,6 +6,9 @@
 #   JAXDECOUPLE_SOURCE=dist/jaxdecouple-0.1.0-py3-none-any.whl bash notebooks/check_install.sh
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
+if [ -n "${JAXDECOUPLE_SOURCE:-}" ] && [ -e "$JAXDECOUPLE_SOURCE" ]; then  # a file: its absolute path (the cell
+  export JAXDECOUPLE_SOURCE=$(realpath "$JAXDECOUPLE_SOURCE")              # runs from another folder)
+fi
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 git -C "$here" archive HEAD | tar -x -C "$scratch"   # what a clone holds, nothing of this machine's

@@ -105,6 +105,38 @@ def test_the_evaluator_gives_the_loss_per_image_and_the_map_of_what_the_network_
   assert evaluator(jnp.asarray(perfect), index_images, labels)['test_loss'] < 1e-3
 
 
+def test_the_test_loss_leaves_out_difficult_boxes_as_training_does():
+  """VOC's test labels keep difficult boxes for the mAP (which ignores them); the loss per image counts an image
+  with one as the same image without it."""
+  detector = build_model('yolo_postact_tiny', C, anchors=ANCHORS['shapes']).detector
+  out = jnp.asarray(np.random.default_rng(0).normal(0, 1, (1, 8, 8, A * (5 + C))), jnp.float32)
+  plain = np.full((1, 4, 6), -1.0, np.float32)
+  plain[0, 0] = (1, 0.1, 0.2, 0.5, 0.6, 0)
+  hard = plain.copy()
+  hard[0, 1] = (2, 0.55, 0.5, 0.9, 0.95, 1)  # difficult
+  both = hard.copy()
+  both[0, 1, 5] = 0  # the same box, not difficult
+  loss = lambda y: float(detector.per_image(out, jnp.asarray(y))[0])
+  assert loss(hard) == loss(plain) != loss(both)
+
+
+def test_the_vocs_backbone_ends_on_yolo_v2s_grid_and_nms_caps_its_candidates():
+  """yolo_imagenet_postact101: 416 pixels end on a 13 x 13 grid of 5 x 25 outputs, 22 blocks for ResIST to deal
+  out; NMS looks at no more than pre_nms_top candidates (the best scores)."""
+  from jaxdecouple.detection import non_max_suppression
+  from jaxdecouple.replica.partition import partitioned_blocks
+  model = build_model('yolo_imagenet_postact101', 20, anchors=ANCHORS['voc'])
+  x = jax.ShapeDtypeStruct((1, 416, 416, 3), jnp.float32)
+  variables = jax.eval_shape(lambda x: model.init(jax.random.key(0), x), x)
+  out, _ = jax.eval_shape(lambda v, x: model.apply(v, x, train=True), variables, x)
+  assert out.shape == (1, 13, 13, 5 * 25) and len(partitioned_blocks(model)) == 22
+  boxes = np.tile(np.asarray([[0.1, 0.1, 0.2, 0.2], [0.6, 0.6, 0.9, 0.9], [0.3, 0.3, 0.5, 0.5]], np.float32), (1, 1))
+  scores = np.asarray([[0.9, 0.0], [0.0, 0.8], [0.7, 0.0]], np.float32)
+  assert len(non_max_suppression(boxes, scores)) == 3
+  capped = non_max_suppression(boxes, scores, pre_nms_top=2)
+  assert sorted(capped[:, 1].tolist()) == pytest.approx([0.8, 0.9])
+
+
 # --- training a detector: every family of method against its sequential reference ---------------------
 
 @pytest.fixture(scope='module')
@@ -139,11 +171,16 @@ def test_resist_trains_a_detector_as_the_sequential_reference(workdir):
     assert_trees_close(mine['params'], stored_part(reference[w], mine)['params'], tol=1e-3)
 
 
-def test_fdg_trains_a_detector_as_its_sequential_reference(workdir):
-  """A pipeline method, K = 2: FDG's reference (test_fdg.py) with the YOLO-v2 objective, beta 0.5."""
+def test_fdg_trains_and_resumes_a_detector_as_its_sequential_reference(workdir):
+  """A pipeline method, K = 2: FDG's reference (test_fdg.py) with the YOLO-v2 objective, beta 0.5; stopped after
+  step 2 with the pipeline in flight (its inboxes holding the float boxes) and resumed from that checkpoint."""
   from test_fdg import reference_fdg
-  config = shapes_config('fdg', **{'pipeline.num_stages': 2, 'pipeline.beta': 0.5, 'cpu_devices': 0})
+  fields = {'pipeline.num_stages': 2, 'pipeline.beta': 0.5, 'cpu_devices': 0, 'checkpoint_every_steps': 2}
+  first = train_and_evaluate(shapes_config('fdg', steps=2, **fields), workdir)
+  assert first.step == 2
+  config = shapes_config('fdg', **fields)
   result = train_and_evaluate(config, workdir)
+  assert result.step == 4 and not [f for f in os.listdir(os.path.join(workdir, 'checkpoints')) if 'damaged' in f]
   assert_trees_close(result.variables['params'], reference_fdg(config, 4)['params'], tol=5e-4)
 
 
@@ -155,6 +192,8 @@ def test_fdg_trains_a_detector_as_its_sequential_reference(workdir):
     ({'data.augment': True}, 'data.augment', 'boxes'),
     ({'data.source': 'npz'}, 'data.source', 'cannot provide shapes'),
     ({'model': 'yolo_vit_tiny'}, 'model', 'ResNet backbone'),
+    ({'method': 'ensemble'}, 'method', 'box outputs'),
+    ({'data.detection_test_size': 0}, 'data.detection_test_size', 'positive'),
 ])
 def test_bad_detection_input_is_one_line_naming_the_field(overrides, field, words):
   with pytest.raises(ConfigError) as e:

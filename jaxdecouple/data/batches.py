@@ -16,7 +16,7 @@ import numpy as np
 
 class Batch(NamedTuple):
   images: np.ndarray | jax.Array  # uint8 [B, H, W, C] (text: uint8 bytes [B, T])
-  labels: np.ndarray | jax.Array  # int32 [B] (text: the next bytes, [B, T])
+  labels: np.ndarray | jax.Array  # int32 [B] (text: the next bytes, [B, T]; detection: float32 boxes [B, M, 6])
 
 
 class Preprocess(NamedTuple):

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxdecouple.data.datasets import Dataset, DatasetInfo
+from jaxdecouple.data.datasets import DATASETS, Dataset, DatasetInfo
 from jaxdecouple.data.shapes import SHAPES_CLASSES, shapes_detection
 from jaxdecouple.data.voc import VOC_CLASSES, load_voc_folder, load_voc_tfds
 from jaxdecouple.detection.yolo import SHAPES_ANCHORS, SHAPES_GRID, VOC_ANCHORS, VOC_GRID
 from jaxdecouple.errors import DataError
 
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+IMAGENET_MEAN, IMAGENET_STD = DATASETS['imagenet'].mean, DATASETS['imagenet'].std
 DETECTION_DATASETS = {
     # the shapes' backgrounds and colours are uniform over 0..255: mean 0.5, std about 0.29 per channel
     'shapes': DatasetInfo(len(SHAPES_CLASSES), (64, 64, 3), (0.5, 0.5, 0.5), (0.29, 0.29, 0.29), ''),

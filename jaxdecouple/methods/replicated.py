@@ -110,6 +110,13 @@ class Ensemble(ReplicaMethod):
   name = 'ensemble'
   average, redraw = False, False
 
+  @classmethod
+  def validate(cls, config) -> None:
+    super().validate(config)
+    if config.model.startswith('yolo_'):
+      fail('method', f'the ensemble averages its members\' class probabilities, which {config.model}\'s box outputs are '
+           'not; train a detector with resist or localsgd')
+
   def eval_variables(self, state: ReplicaState) -> dict:
     if jax.process_count() > 1:
       fail('method', 'the ensemble evaluates every worker on one device, so it runs in one process')

@@ -8,7 +8,9 @@ ImageNet forms: 7x7 stride-2 stem and max-pool; bottlenecks from 50 on), ``preac
 ``preact_tiny_s3_{n}`` ([1, 1, n, 1], 8..64 channels: n - 1 partitioned blocks for ResIST on a CPU); transformers
 (models/transformer.py): ``vit{L}_d{D}[_h{H}]_p{P}`` and ``gpt{L}_d{D}[_h{H}]_t{T}``, with ``vit_tiny``, ``vit_small``,
 ``gpt_tiny``, ``gpt_small`` (the 8-layer GPT of the studies) and ``gpt12``; detection (models/detection.py):
-``yolo_{any image backbone}`` (``yolo_postact101``: ResIST's section 5), with the data set's anchors.
+``yolo_{any image backbone}`` (``yolo_imagenet_postact101``: ResIST's section 5), with the data set's anchors;
+``imagenet_postact101`` (post-activation basic blocks [3, 4, 23, 3] with the ImageNet stem) and
+``postact_tiny_s3_{n}`` ([1, 1, n, 1], 8..64 channels).
 """
 from __future__ import annotations
 
@@ -22,14 +24,14 @@ from jaxdecouple.models.core import Chain, Model, count_params, merge, relayout,
 from jaxdecouple.models.detection import PREFIX as DETECTION_PREFIX
 from jaxdecouple.models.detection import yolo
 from jaxdecouple.models.resnet import (IMAGENET_DEPTHS, AuxHead, adaptive_avg_pool, cifar_resnet, imagenet_preact_resnet,
-                                      imagenet_resnet, postact_resnet, preact_resnet, resnet18, wide_resnet)
+                                      imagenet_postact_resnet, imagenet_resnet, postact_resnet, preact_resnet, resnet18, wide_resnet)
 from jaxdecouple.models.transformer import HELP as TRANSFORMER_HELP
 from jaxdecouple.models.transformer import build_transformer, check_input
 
 MODEL_HELP = ('resnet{6n+2} (e.g. resnet20, resnet56, resnet110), resnet18, wrn{6n+4}_{k} (e.g. wrn28_10), '
               'preact101, preact152, preact200, preact_s3_{n}, preact_tiny, postact101, postact_tiny, preact_tiny_s3_{n}; ImageNet form (7x7 stem, max-pool): '
-              'imagenet_resnet{18,34,50,101,152}, imagenet_preact101; transformers: ' + TRANSFORMER_HELP +
-              '; detection: yolo_{an image backbone} (e.g. yolo_postact101, yolo_postact_tiny)')
+              'imagenet_resnet{18,34,50,101,152}, imagenet_preact101, imagenet_postact101; postact_tiny_s3_{n}; transformers: ' + TRANSFORMER_HELP +
+              '; detection: yolo_{an image backbone} (e.g. yolo_imagenet_postact101, yolo_postact_tiny)')
 
 
 def build_model(name: str, num_classes: int, scan_min: int = 0, dtype='float32', init: str = 'he',
@@ -73,7 +75,7 @@ def _build(name: str, num_classes: int, anchors=()) -> Model:
   if name.startswith(DETECTION_PREFIX):
     backbone = name[len(DETECTION_PREFIX):]
     if backbone.startswith(('vit', 'gpt', DETECTION_PREFIX)):
-      raise ValueError(f'{name}: a detection network needs a ResNet backbone (e.g. yolo_postact101, yolo_postact_tiny)')
+      raise ValueError(f'{name}: a detection network needs a ResNet backbone (e.g. yolo_imagenet_postact101, yolo_postact_tiny)')
     anchors = anchors if len(anchors) else [(w / VOC_GRID, h / VOC_GRID) for w, h in VOC_ANCHORS]
     return yolo(_build(backbone, num_classes), anchors, num_classes)
   if (transformer := build_transformer(name, num_classes)) is not None:
@@ -97,6 +99,8 @@ def _build(name: str, num_classes: int, anchors=()) -> Model:
       return imagenet_resnet(int(m.group(1)), num_classes)
   if name == 'imagenet_preact101':
     return imagenet_preact_resnet([3, 4, 23, 3], num_classes, name=name)
+  if name == 'imagenet_postact101':  # the backbone of ResIST's detection experiment (stride 32)
+    return imagenet_postact_resnet([3, 4, 23, 3], num_classes, name=name)
   if name == 'preact101':
     return preact_resnet([3, 4, 23, 3], num_classes, name=name)
   if name in PAPER_DEEPER:
@@ -110,6 +114,9 @@ def _build(name: str, num_classes: int, anchors=()) -> Model:
     return postact_resnet([1, 1, 6, 1], num_classes, widths=(8, 16, 32, 64), name=name)
   if name == 'preact_tiny':
     return preact_resnet([1, 1, 6, 1], num_classes, widths=(8, 16, 32, 64), name=name)
+  if m := re.fullmatch(r'postact_tiny_s3_(\d+)', name):  # A.1's post-activation rung at the CPU studies' depth
+    if int(m.group(1)) >= 2:
+      return postact_resnet([1, 1, int(m.group(1)), 1], num_classes, widths=(8, 16, 32, 64), name=name)
   if m := re.fullmatch(r'preact_tiny_s3_(\d+)', name):
     if int(m.group(1)) >= 2:
       return preact_resnet([1, 1, int(m.group(1)), 1], num_classes, widths=(8, 16, 32, 64), name=name)

@@ -3,8 +3,9 @@ ResIST's object-detection experiment (its section 5 and Table 6: "a ResNet101 ba
 layer (i.e., a convolution that outputs anchor box predictions)", post-activation blocks) is a chain of blocks
 like every other model here, and every method trains it unchanged.
 
-``yolo_{backbone}`` (e.g. ``yolo_postact101``, the paper's; ``yolo_postact_tiny`` and
-``yolo_preact_tiny_s3_9`` for the CPU study on the generated shapes) keeps the backbone's stem and residual
+``yolo_{backbone}`` (``yolo_imagenet_postact101`` for Pascal VOC: the paper's post-activation ResNet-101 with the
+ImageNet stem, stride 32, so a 416-pixel image gives YOLO-v2's 13 x 13 grid; ``yolo_postact_tiny`` for the CPU
+study on the generated shapes, an 8 x 8 grid on 64 pixels) keeps the backbone's stem and residual
 blocks and ends in :class:`DetectionHead`: the backbone head's BatchNorm-ReLU where it has one (pre-activation
 nets), then one 1x1 convolution with A * (5 + C) outputs per cell of the last feature map (the grid). The
 anchors belong to the data set (YOLO-v2 finds them by k-means over its boxes) and are kept here as fractions of
@@ -57,6 +58,10 @@ class Detector:
     return yolo_v2_loss(predictions, labels, self.grid_anchors(predictions), self.num_classes)
 
   def per_image(self, predictions: jax.Array, labels: jax.Array) -> jax.Array:
+    """Each image's loss over the boxes training sees: those marked difficult (VOC's test labels keep them for
+    the mAP, which ignores them) count as padding here, as training labels drop them."""
+    difficult = labels[..., 5:6] > 0
+    labels = jnp.where(difficult, jnp.asarray([-1, 0, 0, 0, 0, 0], labels.dtype), labels)
     one = lambda p, y: yolo_v2_loss(p[None], y[None], self.grid_anchors(predictions), self.num_classes)[0]
     return jax.vmap(one)(predictions, labels)
 

@@ -237,6 +237,14 @@ def imagenet_preact_resnet(depths: Sequence[int], num_classes: int, name: str) -
   return Model(name, chain, num_classes, where)
 
 
+def imagenet_postact_resnet(depths: Sequence[int], num_classes: int, name: str) -> Model:
+  """``postact_resnet``'s blocks (post-activation basic blocks, [3, 4, n, 3]) with the ImageNet stem (7x7
+  stride-2 convolution, BatchNorm-ReLU, max-pool): stride 32 in all, so a 416-pixel image ends on YOLO-v2's
+  13 x 13 grid (the backbone of ResIST's detection experiment, models/detection.py)."""
+  chain, where = _chain(ImageNetStem(), _sections(BasicBlock, depths, [64, 128, 256, 512]), Head(num_classes))
+  return Model(name, chain, num_classes, where)
+
+
 def adaptive_avg_pool(x: jax.Array, size: int) -> jax.Array:
   """PyTorch's AdaptiveAvgPool2d on NHWC: output cell i averages rows floor(i*H/size) to
   ceil((i+1)*H/size) (bins overlap when ``size`` does not divide H), likewise for columns."""

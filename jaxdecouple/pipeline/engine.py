@@ -56,7 +56,7 @@ class Pipeline:
   def init(self, rng: jax.Array, example: Batch) -> PipelineState:
     variables = self.model.init(rng, jnp.zeros((1, *example.images.shape[1:]), jnp.float32))
     x = jax.ShapeDtypeStruct(example.images.shape, example.images.dtype)
-    labels = jax.ShapeDtypeStruct(example.labels.shape, jnp.int32)
+    labels = jax.ShapeDtypeStruct(example.labels.shape, example.labels.dtype)  # class ids, or detection boxes
     zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
     states, self.message_bytes, self._tags = [], [], None
     self.image_shape = (1, *example.images.shape[1:])

@@ -31,7 +31,7 @@ def is_transformer(model: Model) -> bool:
 def block_kinds(model: Model) -> tuple[type, ...]:
   """The residual blocks ResIST may partition: post-activation ones only in the models built for it (postact*,
   also as a detection backbone, yolo_postact*), since a CIFAR resnet152 is not ResIST's."""
-  postact = model.name.removeprefix(DETECTION_PREFIX).startswith('postact')
+  postact = 'postact' in model.name.removeprefix(DETECTION_PREFIX)  # postact*, imagenet_postact101
   return (PreActBlock, BasicBlock) if postact else (PreActBlock,)
 
 

@@ -7,6 +7,7 @@ finished record, through ``jaxdecouple.plots``.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import statistics
@@ -60,7 +61,7 @@ def detection_table(study: Study, workdir: str) -> list[str]:
     return []
 
   def cells(row, col, curves):
-    best = [min(c['test_loss']) for c in curves]
+    best = [min((v for v in c['test_loss'] if math.isfinite(v)), default=math.nan) for c in curves]
     maps = [100 - c['test_error'][-1] for c in curves]
     paper = study.paper_loss.get((row, col))
     return ['-' if not best else f'{statistics.mean(best):.3f}' + (f' ± {statistics.stdev(best):.3f}' if len(best) > 1

@@ -4,7 +4,7 @@ the CIFAR-10 JPEG copy), sharing its workdir (its L = 50 runs at S = 2 and 4 are
 - Figure 7 / A.3, local iterations: L = 10, 50 (shown), 200, and single-shot averaging (one round at the end of
   training), for local SGD and ResIST at S = 2;
 - A.1, the design ladder at S = 2: the naive partition (every section's blocks dealt out), no test-time scaling,
-  post-activation blocks (postact_tiny), against ResIST as built;
+  post-activation blocks (postact_tiny_s3_9: the same depth), against ResIST as built;
 - Table 7 / A.2, ensembles of independently trained sub-ResNets against ResIST at S = 2 and 4;
 - A.1's minimum depth: S = 8, ResIST with sub-networks padded to 2 partitioned blocks, beside plain S = 8."""
 from jaxdecouple.papers import RESIST, RESIST_ENSEMBLE
@@ -18,7 +18,7 @@ STEPS_PER_EPOCH = 50_000 // 128  # each worker's pass over the training set
 LOCAL = {'L=10': 10, 'L=200': 200, 'single-shot': main.EPOCHS * STEPS_PER_EPOCH}
 LADDER = (('naive partition', {'replica.partition': 'every_section'}),
           ('no test-time scaling', {'replica.test_time_scale': False}),
-          ('post-activation', {'model': 'postact_tiny'}))
+          ('post-activation', {'model': 'postact_tiny_s3_9'}))
 
 
 def build(method, workers, **fields):
