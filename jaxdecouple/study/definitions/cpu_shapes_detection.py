@@ -34,7 +34,7 @@ def study() -> Study:
       f'The ResIST paper\'s detection recipe (recipes.resist_detection: no augmentation, batch {BATCH} per worker '
       'here against its 10, 50 local steps per round, momentum restarted, batch statistics) for '
       f'{EPOCHS} epochs: SGD lr 0.01, warmed up linearly from a tenth over the first 30% of the epochs, / 10 after '
-      'epochs 3 and 4 (the paper: 30, 60 and 90 of 100); {MODEL}: a post-activation ResNet [1, 1, 6, 1] of 8..64 channels '
+      f'epochs 3 and 4 (the paper: 30, 60 and 90 of 100); {MODEL}: a post-activation ResNet [1, 1, 6, 1] of 8..64 channels '
       '(5 partitioned blocks) whose 8 x 8 map feeds a 1x1 convolution of 3 anchors x (5 + 3 classes). The main '
       'table\'s "error" is 100 - mAP (VOC 2007, IoU 0.5); the paper\'s metric, the best test loss, is in its own '
       "table with Table 6's VOC losses beside it (another data set: compare the sign of the gap, not the losses)",
