@@ -158,12 +158,24 @@ def test_data_parallel_equals_bp_on_a_gpt(workdir, gpt_bp):
   assert_trees_close(dp.variables['params'], gpt_bp.variables['params'], tol=5e-4)
 
 
-def test_fdg_on_a_vit_matches_its_reference(workdir):
-  from test_fdg import reference_fdg
-  config = tiny_config(method='fdg', model='vit_tiny', max_steps=4, batch_size=16,
-                       **{'pipeline.num_stages': 2, 'optim.learning_rate': 0.005})
+@pytest.mark.parametrize('method,extra', [
+    ('bp', {}), ('fdg', {'pipeline.beta': 0.5}), ('adl', {'pipeline.accumulation': 2, 'pipeline.beta': 0.5}),
+    ('ddg', {}), ('fr', {}), ('dgl', {}), ('zb_h1', {'pipeline.micro_batches': 2})])
+def test_every_pipeline_method_and_bp_match_their_references_on_a_vit(method, extra, workdir):
+  """The same on a tiny ViT, which differs from the GPT in its stem (patches) and head (the mean of the patches):
+  DGL's local head is the ViT's own, LayerNorm and a linear layer over the mean of the patches."""
+  config = tiny_config(method=method, model='vit_tiny', max_steps=4, batch_size=16,
+                       **{'pipeline.num_stages': 2, 'optim.learning_rate': 0.005, **extra})
   result = train_and_evaluate(config, workdir)
-  assert_trees_close(result.variables['params'], reference_fdg(config, 4)['params'], tol=5e-4)
+  assert_trees_close(result.variables['params'], _reference(method, config, 4)['params'], tol=5e-4)
+
+
+def test_data_parallel_equals_bp_on_a_vit(workdir):
+  config = tiny_config(model='vit_tiny', max_steps=4, batch_size=16, **{'optim.learning_rate': 0.005})
+  bp = train_and_evaluate(config, workdir + '/bp')
+  dp = train_and_evaluate(tiny_config(method='dp', model='vit_tiny', max_steps=4, batch_size=16,
+                                      **{'optim.learning_rate': 0.005}), workdir + '/dp')
+  assert_trees_close(dp.variables['params'], bp.variables['params'], tol=5e-4)
 
 
 # --- ResIST on transformer blocks -----------------------------------------------------------------
