@@ -172,8 +172,8 @@ def test_real_tfds_voc_over_records_written_here(tmp_path):
       def _split_generators(self, dl_manager):
         return {'train': examples('trainval'), 'validation': examples('trainval'), 'test': examples('test')}
 
-      def _generate_examples(self):
-        raise NotImplementedError
+      def _generate_examples(self):  # abstract in tensorflow-datasets; never called: the splits above yield the examples
+        raise NotImplementedError('the splits come from _split_generators')
 
   data_dir = str(tmp_path / 'tfds')
   Written(config='2007', data_dir=data_dir, file_format='array_record').download_and_prepare()
