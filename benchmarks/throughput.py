@@ -23,7 +23,9 @@ speed-up over it (images/s against the first run's, on the devices present), and
 methods each stage's time measured on idle devices, the bubble measured in those iterations (from when each
 stage's calls really ended, jaxdecouple/pipeline/timeline.py; synchronous schedules add the model's beside it
 and the micro-batches each stage held), plus the speed-up that K devices would give if they were perfectly
-overlapped (sum of stage times / max stage time); for replica methods the time of one
+overlapped (sum of stage times / max stage time; withheld, and the run marked host-bound, where the stages'
+calls kept the devices busy for less than half of the timed iteration: then the host's dispatch set the pace,
+and ``host_share`` says how much of the iteration the driver spent handing the calls over); for replica methods the time of one
 worker's step (the iteration's time over the workers each device runs one after another). Peak device
 memory is reported where the backend has it (GPUs), for a process that ran one run only (--isolate
 runs each in its own process). On a noisy machine, --rounds=R interleaves the runs (every run built
@@ -83,17 +85,30 @@ def _child_argv(args, run):
 
 
 def _isolated(args):
-  """Each run in a fresh process of its own, so that its peak memory is its own."""
+  """Each run in a fresh process of its own, so that its peak memory is its own. Each run's line is printed
+  (and appended to --json_out) as soon as its process ends, so a session cut short keeps the runs it
+  finished."""
   import subprocess
   records = []
   for run in args.runs.split(','):
     proc = subprocess.run(_child_argv(args, run), capture_output=True, text=True, check=False)
     if proc.returncode:
       raise SystemExit(f'throughput.py: the run {run!r} failed in its own process:\n{proc.stderr[-3000:]}')
-    records.append(json.loads(next(l for l in proc.stdout.splitlines() if l.startswith('{'))))
-  for r in records:
-    r['ratio'] = round(r['seconds_per_iter'] / records[0]['seconds_per_iter'], 4)
+    record = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith('{')))
+    records.append(record)
+    record['ratio'] = round(record['seconds_per_iter'] / records[0]['seconds_per_iter'], 4)
+    _emit(args, record, records[0])
   return records
+
+
+def _emit(args, record: dict, first: dict) -> None:
+  """Completes a run's record (its measured speed-up over the first run) and prints and saves its line."""
+  images, first_images = record.get('images_per_iter', record['batch']), first.get('images_per_iter', first['batch'])
+  record['measured_speedup'] = float(f"{images / first_images / record['ratio']:.4g}")  # from the time ratio
+  print(json.dumps(record), flush=True)
+  if args.json_out:
+    with open(args.json_out, 'a', encoding='utf-8') as f:
+      f.write(json.dumps(record) + '\n')
 
 
 class _Run:
@@ -181,15 +196,23 @@ class _Run:
     pipeline = getattr(self.m, 'pipeline', None)
     if pipeline is not None:
       from jaxdecouple.pipeline.timeline import summary
-      stage_times, bubbles = [], []
+      stage_times, bubbles, spans, host = [], [], [], []
       for _ in range(3):
         self.state, _, st, passes = timed_step(pipeline, self.state, self.batch(self.t), self.t)
         stage_times.append(st)
-        bubbles.append(summary(passes, pipeline.schedule.num_stages).get('bubble_measured', 0.0))
+        timed = summary(passes, pipeline.schedule.num_stages)
+        bubbles.append(timed.get('bubble_measured', 0.0))
+        spans.append(timed.get('span_s', 0.0))
+        host.append(timed.get('host_share', 0.0))
         self.t += 1
       per_stage = [statistics.median(s[i] for s in stage_times) for i in sorted(stage_times[0])]
       record['stage_seconds'] = [round(s, 5) for s in per_stage]
       record['bubble_measured'] = round(statistics.median(bubbles), 4)
+      record['host_share'] = round(statistics.median(host), 4)
+      # The stages' calls, all of them, kept the devices busy for less than half of the timed iteration: the
+      # host's dispatch set the pace (module docstring of pipeline/timeline.py), so the stage times say
+      # nothing about K devices and no speed-up is predicted from them.
+      host_bound = sum(per_stage) < 0.5 * statistics.median(spans)
       if hasattr(pipeline.schedule, 'micro_batches'):
         record['micro_batches'] = pipeline.schedule.micro_batches
         record['bubble_model'] = round(pipeline.schedule.bubble_model(), 4)
@@ -199,7 +222,10 @@ class _Run:
         record['sends_mb'] = [round(b / 1e6, 3) for b in pipeline.message_bytes]  # between stages, per iteration
         if pipeline.allreduce_bytes:  # inside each stage, per device and iteration (read from the compiled passes)
           record['allreduce_mb'] = [round(b / 1e6, 3) for b in pipeline.allreduce_bytes]
-      record['predicted_speedup_on_k_devices'] = round(sum(per_stage) / max(per_stage), 3)
+      if host_bound:
+        record['host_bound'] = True
+      else:
+        record['predicted_speedup_on_k_devices'] = round(sum(per_stage) / max(per_stage), 3)
     return record
 
 
@@ -236,14 +262,8 @@ def main(argv=None):
     stats = jax.devices()[0].memory_stats() or {}
     if 'peak_bytes_in_use' in stats and len(runs) == 1:  # a process-wide high-water mark
       results[0]['peak_memory_gb'] = round(stats['peak_bytes_in_use'] / 2**30, 3)
-  images = [r.get('images_per_iter', r['batch']) for r in results]
-  for r, n in zip(results, images):  # images/s against the first run's, from the (median) time ratio
-    r['measured_speedup'] = float(f"{n / images[0] / r['ratio']:.4g}")
-  for r in results:
-    print(json.dumps(r), flush=True)
-    if args.json_out:
-      with open(args.json_out, 'a', encoding='utf-8') as f:
-        f.write(json.dumps(r) + '\n')
+    for r in results:
+      _emit(args, r, results[0])
 
   ranges = any('ratio_range' in r for r in results)
   memory = any('peak_memory_gb' in r for r in results)
@@ -258,7 +278,8 @@ def main(argv=None):
     ratio = f'{r["ratio"]:.3f}' + (' [{:.3f}-{:.3f}]'.format(*r['ratio_range']) if 'ratio_range' in r else '')
     print(f'| {r["method"]} | {r["stages"]} | {r["devices"]} | {r["seconds_per_iter"]:.4f} | '
           f'{r["mean_seconds_per_iter"]:.4f} | {r["images_per_sec"]:.0f} | {ratio} | '
-          f'{parts} | {r.get("predicted_speedup_on_k_devices", "-")} | {r["measured_speedup"]:.3f} | '
+          f'{parts} | {"host-bound" if r.get("host_bound") else r.get("predicted_speedup_on_k_devices", "-")} | '
+          f'{r["measured_speedup"]:.3f} | '
           f'{r.get("bubble_measured", "-")}' + (f' ({r["bubble_model"]})' if 'bubble_model' in r else '') + ' |'
           + (f' {r.get("peak_memory_gb", "-")} |' if memory else ''))
   return results

@@ -128,9 +128,10 @@ def test_synchronous_schedules_equal_accumulated_bp(kind, k, m, devices, workdir
   for stage in range(k):
     want = [f'{p}{i}' for p, i in s.order(stage) if not (p == 'B' and stage == 0 and s.splits_backward)]
     assert [p['label'] for p in passes if p['stage'] == stage] == want + ['update']
-  assert all(p['end'] >= p['start'] >= 0 for p in passes)
+  assert all(p['end'] >= p['start'] >= 0 and p['end'] >= p['dispatched'] >= 0 for p in passes)
   profile = [r for r in read_metrics(workdir) if r['kind'] == 'profile'][-1]
   assert 0 <= profile['bubble_measured'] < 1 and profile['bubble_model'] == round(s.bubble_model(), 4)
+  assert 0 <= profile['host_share'] <= 1
   assert profile[f'stage{k - 1}_held_microbatches'] == s.held(k - 1)
   if devices == 1:
     ordered = sorted(passes, key=lambda p: (p['start'], p['end']))  # a call that took no time first

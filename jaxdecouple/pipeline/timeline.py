@@ -14,6 +14,12 @@ of XLA:CPU's pool), their busy time is still the device's: the union of what it 
 The measured bubble of an iteration is the stages' idle share of it: 1 - sum(busy_k) / (K x span), span
 from the first start to the last end. It waits for the devices, so the training loop measures only every
 ``profile_every_steps`` steps.
+
+Each call also carries when its dispatch returned to the driver (``dispatched``). A device cannot start a call
+before the host has handed it over, so where the host is the slower side (many small kernels on a fast GPU,
+or a dispatch that waits for its results) the calls end just after they are dispatched and the devices sit
+idle between them: ``host_share`` (the span's share until the last dispatch returned) near 1 with a large
+bubble says the driver, not the stages, set the pace.
 """
 from __future__ import annotations
 
@@ -32,7 +38,8 @@ class Recorder:
 
   def __init__(self):
     self.start = time.perf_counter()
-    self.calls: list[tuple[int, Any, str, int, int]] = []  # (stage, device, label, outputs' key, inputs' key)
+    self.calls: list[tuple[int, Any, str, int, int, float]] = []  # (stage, device, label, outputs' key,
+    # inputs' key, seconds from the start when the dispatch returned)
     self.ready: dict[int, float] = {}  # key -> seconds since start
     self._waiters: list[threading.Thread] = []
 
@@ -53,11 +60,13 @@ class Recorder:
 
   def __call__(self, stage: int, device, label: str, outputs, inputs=()) -> None:
     local = lambda tree: [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array) and x.is_fully_addressable]
-    self.calls.append((stage, device, label, self._watch(local(outputs)), self._watch(local(inputs))))
+    dispatched = time.perf_counter() - self.start
+    self.calls.append((stage, device, label, self._watch(local(outputs)), self._watch(local(inputs)), dispatched))
 
   def finish(self, timeout_s: float = 600.0) -> list[dict]:
     """Waits for every recorded array (at most ``timeout_s``) and returns the calls as dicts: stage, label,
-    start and end in seconds from the recorder's start, in dispatch order."""
+    start, end and dispatched (when the driver's dispatch of it returned) in seconds from the recorder's
+    start, in dispatch order."""
     deadline = time.perf_counter() + timeout_s
     for thread in self._waiters:
       if thread is not None:
@@ -66,10 +75,11 @@ class Recorder:
           raise TimeoutError(f'a timed pipeline iteration\'s arrays were not ready after {timeout_s:.0f} s')
     free, timed = {}, []
     calls = [(self.ready[c[3]], i, c) for i, c in enumerate(self.calls) if self.ready[c[3]] is not None]
-    for end, i, (stage, device, label, outs, ins) in sorted(calls, key=lambda e: (e[0], e[1])):
+    for end, i, (stage, device, label, outs, ins, dispatched) in sorted(calls, key=lambda e: (e[0], e[1])):
       start = min(end, max(free.get(device, 0.0), self.ready[ins] or 0.0))
       free[device] = end
-      timed.append((i, {'stage': stage, 'label': label, 'start': round(start, 6), 'end': round(end, 6)}))
+      timed.append((i, {'stage': stage, 'label': label, 'start': round(start, 6), 'end': round(end, 6),
+                        'dispatched': round(dispatched, 6)}))
     return [p for _, p in sorted(timed, key=lambda e: e[0])]
 
 
@@ -87,7 +97,8 @@ def measure(run: Callable[[Recorder], Any]) -> tuple[Any, list[dict]]:
 
 
 def summary(passes: list[dict], num_stages: int) -> dict[str, float]:
-  """Each stage's busy and idle seconds within the measured span, and the measured bubble fraction."""
+  """Each stage's busy and idle seconds within the measured span, the measured bubble fraction, and the
+  host's share of the span (until the driver's last dispatch returned; see the module's docstring)."""
   if not passes:
     return {}
   begin = min(p['start'] for p in passes)
@@ -99,4 +110,6 @@ def summary(passes: list[dict], num_stages: int) -> dict[str, float]:
     out[f'stage{k}_busy_s'], out[f'stage{k}_idle_s'] = round(busy, 5), round(span - busy, 5)
   out['span_s'] = round(span, 5)
   out['bubble_measured'] = round(1 - busy_total / (num_stages * span), 4) if span > 0 else 0.0
+  if span > 0 and all('dispatched' in p for p in passes):
+    out['host_share'] = round(min(1.0, max(0.0, max(p['dispatched'] for p in passes) - begin) / span), 4)
   return out
