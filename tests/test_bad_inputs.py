@@ -305,3 +305,117 @@ def test_bad_checkpoints(tmp_path, trained):
       ('every-checkpoint-damaged', [*Q[:-2], '--config.max_steps=6', f'--workdir={damaged}'],
        'every checkpoint in'),
   ], untouched=trained)
+
+
+# Multi-process runs (issue 43): two real processes on loopback (or one, where its peer never comes), every
+# case of the table launched at once, each with a port of its own and bounded. The contract per process: the
+# exit status, exactly one ``error:`` line holding the expected words, no traceback, no training started (no
+# checkpoint or metrics written), and an exit within its bound: the start-up agreement's timeout where a peer
+# is absent, a few seconds past the meeting otherwise.
+MP_STARTUP_S = 10  # distributed.startup_timeout_s in the cases: how long a process waits for the others
+MP_BASE = ['--config=configs/quickstart.py', '--config.method=localsgd', '--config.model=preact_tiny',
+           '--config.dataset=cifar10', '--config.data.source=synthetic', '--config.batch_size=16',
+           '--config.cpu_devices=1', '--config.replica.num_workers=2', '--config.max_steps=2',
+           '--config.distributed.num_processes=2', f'--config.distributed.startup_timeout_s={MP_STARTUP_S}',
+           '--config.distributed.heartbeat_timeout_s=30']
+NOT_ALL_JOINED = 'not every one of the 2 processes joined the coordinator'
+
+
+def mp_cases(tmp_path):
+  """[(id, {process id: its extra flags}, {process id: (exit status, words its one error line holds)})];
+  '{port}' in a flag or the words is the case's coordinator port, '{port_1}' the next one, '{other_port}' another
+  free one; a flag 'TAKEN+N' has another program listen on the coordinator's port + N before the case starts."""
+  rng = np.random.default_rng(0)
+  data = tmp_path / 'c10.npz'
+  np.savez(data, x_train=rng.integers(0, 256, (64, 32, 32, 3), dtype=np.uint8), y_train=np.arange(64) % 10,
+           x_test=rng.integers(0, 256, (16, 32, 32, 3), dtype=np.uint8), y_test=np.arange(16) % 10)
+  missing = tmp_path / 'missing.npz'
+  npz = ['--config.data.source=npz']
+  fdg = ['--config.method=fdg', '--config.model=resnet8', '--config.pipeline.num_stages=2']
+  return [
+      ('process-1-alone', {1: []}, {1: (2, NOT_ALL_JOINED)}),
+      ('process-0-alone', {0: []}, {0: (2, NOT_ALL_JOINED)}),
+      ('three-processes-told-to-two', {i: ['--config.distributed.num_processes=3'] for i in (0, 1)},
+       {i: (2, 'not every one of the 3 processes joined the coordinator') for i in (0, 1)}),
+      ('process-1-at-another-port', {0: [], 1: ['--config.distributed.coordinator=127.0.0.1:{other_port}']},
+       {0: (2, NOT_ALL_JOINED), 1: (2, NOT_ALL_JOINED)}),
+      ('coordinator-port-taken', {0: ['TAKEN+0'], 1: []},  # by another program, listening there
+       {0: (2, 'config.distributed.coordinator: 127.0.0.1:{port} (the coordinator\'s port (process 0 listens '
+               'there)) cannot be listened on: Address already in use'), 1: (2, NOT_ALL_JOINED)}),
+      ('transfer-port-taken', {0: [*fdg, 'TAKEN+1'], 1: fdg},  # process 0's: the coordinator's port + 1
+       {0: (2, "config.distributed.transfer_address: 127.0.0.1:{port_1} (process 0's transfer port"),
+        1: (2, NOT_ALL_JOINED)}),
+      ('another-learning-rate-on-process-1', {0: [], 1: ['--config.optim.learning_rate=0.2']},
+       {i: (2, 'config.optim.learning_rate: process') for i in (0, 1)}),
+      ('another-seed-on-process-1', {0: [], 1: ['--config.seed=1']}, {i: (2, 'config.seed: process') for i in (0, 1)}),
+      ('another-method-on-process-1', {0: [], 1: fdg}, {i: (2, 'config.method: process') for i in (0, 1)}),
+      ('another-number-of-stages-on-process-1', {0: fdg, 1: [*fdg, '--config.pipeline.num_stages=3']},
+       {i: (2, 'config.pipeline.num_stages: process') for i in (0, 1)}),
+      ('training-data-missing-on-process-1', {0: [*npz, f'--config.data.path={data}'],
+                                              1: [*npz, f'--config.data.path={missing}']},
+       {0: (2, f'another process stopped (process 1: data.path={missing} does not exist)'),
+        1: (2, f'data.path={missing} does not exist')}),
+  ]
+
+
+def test_bad_multi_process_runs(tmp_path):
+  """Every case in the table at once (their processes mostly wait, so the table costs about its slowest case);
+  reports every case that misbehaved."""
+  import signal
+  import socket
+  import subprocess
+  import time
+  from conftest import FAST_COMPILE_XLA_FLAGS
+  from test_multiprocess import free_port
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': FAST_COMPILE_XLA_FLAGS}
+  cases, running, taken = mp_cases(tmp_path), [], []
+  for case_id, flags, expected in cases:
+    port, other_port = free_port(), free_port()
+    for offset in [int(a[len('TAKEN+'):]) for extra in flags.values() for a in extra if a.startswith('TAKEN+')]:
+      listener = socket.socket()  # another program on the coordinator's port (+ 0) or a transfer port
+      listener.bind(('127.0.0.1', port + offset))
+      listener.listen()
+      taken.append(listener)
+    expected.update({i: (status, words.format(port=port, port_1=port + 1)) for i, (status, words) in expected.items()})
+    for i, extra in flags.items():
+      argv = [sys.executable, 'main.py', *MP_BASE, f'--config.distributed.coordinator=127.0.0.1:{port}',
+              f'--config.distributed.process_id={i}', f'--workdir={tmp_path / "mp" / case_id / str(i)}',
+              *(a.format(port=port, other_port=other_port) for a in extra if not a.startswith('TAKEN+'))]
+      running.append((case_id, i, time.monotonic(), subprocess.Popen(
+          argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))))
+  bound = scaled_timeout(MP_STARTUP_S + 60)  # the agreement's timeout, start-up and the stop, on this machine
+  problems, expect = [], {case_id: expected for case_id, _, expected in cases}
+  try:
+    for case_id, i, began, proc in running:
+      try:
+        out = proc.communicate(timeout=max(1.0, began + bound - time.monotonic()))[0]
+      except subprocess.TimeoutExpired:
+        proc.kill()
+        out = proc.communicate()[0]
+      took = time.monotonic() - began
+      status, words = expect[case_id][i]
+      errors = [line for line in out.splitlines() if line.startswith('error:')]
+      workdir = tmp_path / 'mp' / case_id / str(i)
+      why = []
+      if proc.returncode != status:
+        why.append(f'exit status {proc.returncode}' if proc.returncode != -9 else
+                   f'killed: a hang, or {timed_out_message(MP_STARTUP_S + 60, took)}')
+      if len(errors) != 1:
+        why.append(f'{len(errors)} error lines')
+      elif words not in errors[0]:
+        why.append(f'the error does not hold {words!r}')
+      if 'Traceback' in out or 'Segmentation' in out:
+        why.append('a traceback or a crash')
+      metrics = workdir / 'metrics.jsonl'  # a process that met its peer opens it (empty) before the first step
+      steps = [p for p in workdir.glob('checkpoints/**/*') if p.name.isdigit()]
+      if 'first step' in out or (metrics.exists() and metrics.stat().st_size) or steps:
+        why.append('training started')
+      if why:
+        problems.append(f'{case_id}, process {i} ({took:.0f} s): {"; ".join(why)}\n    {out.strip()[-600:]}')
+  finally:
+    for *_, proc in running:
+      proc.kill()
+    for listener in taken:
+      listener.close()
+  assert not problems, f'{len(problems)} of {len(running)} processes misbehaved:\n' + '\n'.join(problems)
