@@ -54,6 +54,9 @@ class TransformerBlock(nn.Module):
   residual_scale: float = 1.0
   bn_axis: str | None = None  # no BatchNorm: accepted so data parallelism can clone every block alike
   dtype: Any = jnp.float32
+  # In a scanned run on the CPU, keep only the matrix products' outputs for the backward and recompute the
+  # rest (models/core.py _scan_remat says why). A class constant, not a field: it is no part of the block.
+  SCAN_REMAT_POLICY = 'dots_saveable'
 
   @nn.compact
   def __call__(self, x, train: bool = True):
