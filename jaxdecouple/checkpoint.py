@@ -25,6 +25,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from jaxdecouple.errors import CheckpointError
+from jaxdecouple.processes import note_saved
 
 
 class Checkpointer:
@@ -90,6 +91,7 @@ class Checkpointer:
       os.replace(tmp, self._checksum_path(step))
       if self.per_process:
         self._manager.save(step, [np.asarray(x) for x in mine])
+        note_saved(step)  # written: the others may count on it
         return
       self._manager.save(step, args=ocp.args.StandardSave({'leaves': leaves}), force=True)
     self._pending = step
@@ -231,6 +233,8 @@ class Checkpointer:
   def wait(self) -> None:
     with self._writing(self._pending):
       self._manager.wait_until_finished()
+    if self._pending is not None:
+      note_saved(self._pending)  # written: the others may count on it
     self._pending = None
 
   def close(self) -> None:

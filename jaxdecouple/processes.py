@@ -155,6 +155,36 @@ def missing_processes(wait_s: float) -> list[int] | None:
     time.sleep(1.0)
 
 
+SAVED_KEY = 'jaxdecouple/saved/{}'  # a process's newest finished checkpoint step, in the coordinator's store
+
+
+def note_saved(step: int) -> None:
+  """Publishes that this process has finished writing its checkpoint of ``step`` (in the coordinator's
+  key-value store), so that the survivors of a lost peer can name the newest step every process wrote."""
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed
+  try:
+    distributed.global_state.client.key_value_set(SAVED_KEY.format(jax.process_index()), str(step),
+                                                  allow_overwrite=True)
+  except Exception as e:  # noqa: BLE001  best effort: only the stop's line would lack the step
+    logging.warning('could not publish the checkpoint step %d to the other processes (%s)', step, type(e).__name__)
+
+
+def newest_saved_by_all() -> int | None:
+  """The newest checkpoint step every process has finished writing (the least of what each published with
+  ``note_saved``: every process saves at the same steps); None if one published none yet, or the store is
+  gone with process 0."""
+  from jax._src import distributed
+  steps = []
+  for p in range(jax.process_count()):
+    try:
+      steps.append(int(distributed.global_state.client.key_value_try_get(SAVED_KEY.format(p))))
+    except Exception:  # noqa: BLE001  nothing published, or the service is gone
+      return None
+  return min(steps)
+
+
 def reason_of(process: int) -> str | None:
   """What ``process`` published before it stopped (``tell_the_others``), if anything."""
   from jax._src import distributed
@@ -181,7 +211,7 @@ def peers_watched(heartbeat_s: float):
   """Across processes, a collective or transfer whose peer died fails in the runtime (gloo: 'connection
   reset by peer'); that becomes a ProcessError naming the dead process, with the reason it published if it
   stopped on an error of its own (``tell_the_others``), so that every survivor stops with one line well
-  within a minute, its last checkpoint untouched. A survivor waiting elsewhere is ended by JAX's coordination
+  within a minute, its last checkpoint untouched, naming the newest step every process wrote (``note_saved``). A survivor waiting elsewhere is ended by JAX's coordination
   service at the heartbeat timeout (``distributed.heartbeat_timeout_s``). This process's own error is
   published for the others. Other runtime errors pass through unchanged."""
   try:
@@ -206,9 +236,12 @@ def peers_watched(heartbeat_s: float):
     who = ('process 0 (it runs the coordination service)' if missing is None else
            f'process {", ".join(map(str, missing))}' if missing else 'another process')
     first = text.strip().splitlines()[0][:160]
+    saved = newest_saved_by_all()
+    resume = (f'the newest checkpoint every process wrote is step {saved}: restart every process with the same '
+              '--workdir to resume from it' if saved is not None else
+              'restart every process with the same --workdir to resume from the last checkpoint')
     raise ProcessError(f'{who} stopped answering during a collective or transfer ({first}): it died or was '
-                       'killed; restart every process with the same --workdir to resume from the last checkpoint') \
-        from None
+                       f'killed; {resume}') from None
 
 
 class StopSignal:

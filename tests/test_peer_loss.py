@@ -57,8 +57,11 @@ def test_a_dead_peer_stops_the_survivor_with_one_line_and_its_checkpoints_intact
   assert procs[0].returncode == 2, out[-3000:]
   last = [line for line in out.splitlines() if line.startswith('error:')]
   assert len(last) == 1 and last[0].startswith('error: process 1 stopped answering'), out[-3000:]
+  # it names the newest step both processes had finished writing (an asynchronous save is counted once waited for)
+  named = int(last[0].split('the newest checkpoint every process wrote is step ')[1].split(':')[0])
   assert took <= scaled_timeout(60), f'the survivor took {took:.0f} s'
   # the checkpoints written before the kill are intact: the survivor left them as they were (a restart
   # resumes from the newest all processes hold, exactly: test_pipeline_processes' kill -9 test)
   held = checkpoints(workdir)
   assert len(held) >= 2 and all(os.listdir(os.path.join(workdir, 'checkpoints', str(s))) for s in held)
+  assert named in held, (named, held)
