@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import time
 
@@ -245,15 +246,17 @@ def peers_watched(heartbeat_s: float):
 
 
 class StopSignal:
-  """Turns SIGTERM (preemption) into a clean stop after the current step, with a checkpoint. Across
-  processes, JAX's preemption service catches SIGTERM in whichever process receives it and the
-  processes agree on the step at which all of them stop (``poll``), so none is left waiting on a
-  transfer or collective from one that stopped."""
+  """Turns SIGTERM (preemption) and Ctrl-C (SIGINT) into a clean stop after the current step, with a
+  checkpoint. Across processes, JAX's preemption service catches SIGTERM in whichever process receives it and
+  the processes agree on the step at which all of them stop (``poll``), so none is left waiting on a
+  transfer or collective from one that stopped; a Ctrl-C to any of them is handed to that service as the
+  process's own SIGTERM (stopping that process alone would leave the others waiting for it)."""
 
   def __init__(self, processes: bool = False):
     self.requested = False
     self._previous = None
     self._processes = processes
+    self._forwarded = False  # across processes: a Ctrl-C already handed to the preemption service
 
   def poll(self, step: int) -> None:
     """Call after every step with the number of steps done, in every process."""
@@ -275,6 +278,13 @@ class StopSignal:
     return self
 
   def _handler(self, signum, frame):
+    if self._processes:  # the agreed stop: JAX's preemption notifier holds SIGTERM (``poll`` sees it)
+      if not self._forwarded:
+        logging.warning('%s received: every process saves a checkpoint at an agreed step and stops',
+                        signal.Signals(signum).name)
+        self._forwarded = True
+        os.kill(os.getpid(), signal.SIGTERM)
+      return
     if not self.requested:
       logging.warning('%s received: saving a checkpoint and stopping after this step',
                       signal.Signals(signum).name)
