@@ -402,3 +402,79 @@ def test_a_dead_decoding_process_stops_with_one_line(folder, monkeypatch):
   monkeypatch.setattr(stream, 'decode_pool', lambda workers: Broken())
   with pytest.raises(DataError, match='a JPEG decoding process died .* lower data.workers'):
     stream.StreamImages(train, 16, True, workers=2).take([0, 1], (0, 0, 0))
+
+
+def _decoders(parent: int) -> list[int]:
+  """The live decoding processes ``parent`` spawned (multiprocessing's spawned children), from /proc."""
+  out = []
+  for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+      with open(f'/proc/{pid}/stat', encoding='utf-8') as f:
+        fields = f.read().rsplit(')', 1)[1].split()
+      with open(f'/proc/{pid}/cmdline', 'rb') as f:
+        cmdline = f.read()
+    except OSError:
+      continue
+    if int(fields[1]) == parent and fields[0] != 'Z' and b'spawn_main' in cmdline:
+      out.append(int(pid))
+  return out
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f'/proc/{pid}/stat', encoding='utf-8') as f:
+      return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+  except OSError:
+    return False
+
+
+def test_a_group_signal_saves_and_no_decoder_outlives_its_run(folder, tmp_path):
+  """main.py on the folder with 2 decoding processes. A SIGTERM to the run's whole process group (what a
+  scheduler or a terminal's Ctrl-C sends) reaches the training process alone (the decoders have groups of
+  their own; before, it killed them and the run died with a traceback and no checkpoint): it saves and exits
+  0, and its decoders are gone with it. Then a kill -9 of a second run: its decoders, orphaned, exit within
+  seconds (before: alive 300 s later)."""
+  import signal
+  import subprocess
+  import sys
+  import time
+  from conftest import FAST_COMPILE_XLA_FLAGS, communicate_within, scaled_timeout
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+  def launch(workdir):
+    argv = [sys.executable, 'main.py', '--config=configs/quickstart.py', '--config.method=bp', '--config.cpu_devices=1',
+            '--config.dataset=imagenet', '--config.data.source=folder', f'--config.data.path={folder}',
+            '--config.data.image_size=16', '--config.data.workers=2', '--config.batch_size=8',
+            '--config.eval_batch_size=12', '--config.num_epochs=1000', '--config.optim.milestones=()',
+            '--config.log_every_steps=1', '--config.checkpoint_every_steps=100000', f'--workdir={workdir}']
+    proc = subprocess.Popen(argv, cwd=root, env={**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': FAST_COMPILE_XLA_FLAGS},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline, lines = time.monotonic() + scaled_timeout(120), []
+    for line in proc.stdout:  # until it trains, its decoders started
+      lines.append(line)
+      if 'step 3/' in line and _decoders(proc.pid):
+        return proc, _decoders(proc.pid), lines
+      assert time.monotonic() < deadline, ''.join(lines)[-3000:]
+    raise AssertionError('the run ended before training:\n' + ''.join(lines)[-3000:])
+
+  workdir = tmp_path / 'term'
+  proc, decoders, lines = launch(workdir)
+  try:
+    os.killpg(proc.pid, signal.SIGTERM)  # the group: the training process and whatever shares its group
+    out = communicate_within(proc, 120, 'waiting for the signalled run to save and stop')[0]
+  finally:
+    proc.kill()
+  assert proc.returncode == 0 and 'Traceback' not in out, (''.join(lines) + out)[-3000:]
+  assert any(n.isdigit() for n in os.listdir(workdir / 'checkpoints')), os.listdir(workdir / 'checkpoints')
+  deadline = time.monotonic() + scaled_timeout(10)
+  while any(map(_alive, decoders)) and time.monotonic() < deadline:
+    time.sleep(0.2)
+  assert not any(map(_alive, decoders)), f'decoders {decoders} outlived their run'
+
+  proc, decoders, _ = launch(tmp_path / 'killed')
+  proc.kill()  # kill -9: no exit path of its own runs
+  proc.communicate()
+  deadline = time.monotonic() + scaled_timeout(10)
+  while any(map(_alive, decoders)) and time.monotonic() < deadline:
+    time.sleep(0.2)
+  assert not any(map(_alive, decoders)), f'orphaned decoders {decoders} still alive'
