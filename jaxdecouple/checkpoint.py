@@ -148,18 +148,40 @@ class Checkpointer:
   def _common_steps(self, steps: list[int]) -> list[int]:
     """Per process: the steps every process has a checkpoint of (the processes resume together). The
     processes meet under a key of what they share, this run (one per coordinator) and the round of the
-    agreement, never a path: each host may keep its workdir where it likes."""
+    agreement, never a path: each host may keep its workdir where it likes. Where some process holds
+    checkpoints and they share none (one process's folder deleted or replaced), the run stops with one line
+    rather than restart every process from step 0."""
     if not self.per_process:
       return steps
+    held = [json.loads(v) for v in self._exchange(json.dumps(steps))]
+    common = sorted(set.intersection(*map(set, held)))
+    if not common and any(held):
+      holders = '; '.join(f'process {p}: {", ".join(map(str, s)) or "none"}' for p, s in enumerate(held))
+      raise CheckpointError(f'the processes share no checkpoint step to resume from ({holders}); put back the '
+                            'missing checkpoints, or remove every process\'s checkpoints folder to start afresh')
+    return common
+
+  def _exchange(self, mine: str) -> list[str]:
+    """Every process's ``mine``, in process order, through the coordinator's key-value store (each call is a
+    round of its own; every process makes the same calls)."""
     from jax._src import distributed
-    client, me = distributed.global_state.client, jax.process_index()
+    client = distributed.global_state.client
     key = f'jaxdecouple/checkpoints/{Checkpointer._round}'
     Checkpointer._round += 1
-    client.key_value_set(f'{key}/{me}', json.dumps(steps))
-    common = set(steps)
-    for p in range(jax.process_count()):
-      common &= set(json.loads(client.blocking_key_value_get(f'{key}/{p}', 600_000)))
-    return sorted(common)
+    client.key_value_set(f'{key}/{jax.process_index()}', mine)
+    return [client.blocking_key_value_get(f'{key}/{p}', 600_000) for p in range(jax.process_count())]
+
+  def _all_restored(self, step: int, ok: bool) -> bool:
+    """Per process: whether every process restored ``step`` intact (each after its own checks). A step damaged
+    in one process only is skipped by all of them, so that they resume together from an earlier one."""
+    if not self.per_process:
+      return ok
+    answers = self._exchange('1' if ok else '0')
+    bad = [p for p, a in enumerate(answers) if a != '1']
+    if bad and ok:
+      logging.warning('checkpoint at step %d is damaged in process %s: every process resumes from an earlier one',
+                      step, ', '.join(map(str, bad)))
+    return not bad
 
   _round = 0
 
@@ -187,6 +209,9 @@ class Checkpointer:
         logging.warning('checkpoint at step %d is damaged or incomplete (%s: %s); moved it to %s and '
                         'trying an earlier one', step, type(e).__name__,
                         str(e).splitlines()[0][:160], aside)
+        self._all_restored(step, False)
+        continue
+      if not self._all_restored(step, True):  # intact here, damaged in another process: kept, skipped
         continue
       return step, jax.tree.unflatten(treedef, restored['leaves'])
     if steps:

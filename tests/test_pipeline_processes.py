@@ -2,6 +2,7 @@
 cross-process transfers between stages) give the one-process numbers, bit for bit, and survive faults."""
 import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -136,8 +137,11 @@ def test_a_killed_process_and_a_sigterm_resume_exactly_with_a_workdir_per_host(t
   """Two hosts need not share a filesystem or a path: process 0 writes under host0/, process 1 under host1/.
   Process 1 dies right after its checkpoint at step 4 (kill -9) and process 0 is killed too; both restart and
   agree on the checkpoint to resume from (keyed by the run, not by a path): step 4, not 0. Then a SIGTERM to
-  process 1 alone stops both at the same step with a checkpoint, and a restart finishes. The end equals an
-  uninterrupted run in one process, bit for bit."""
+  process 1 alone stops both at the same step with a checkpoint. With process 1's checkpoints folder moved
+  away, a restart stops both with one line (before: both restarted from step 0 without a word). Put back, and
+  process 1's newest checkpoint damaged, a restart resumes both from the step before (before: process 1 fell
+  back alone and the two resumed misaligned) and finishes. The end equals an uninterrupted run in one process,
+  bit for bit."""
   steps, host = 40, 'host{process}'
   ckpt = [tmp_path / f'host{i}' / 'r' / 'checkpoints' / f'process_{i}' for i in range(2)]
   procs = start(tmp_path, 1, [f'r:fdg:2:{steps}:ckpt=2:die=1@4'], workdir=host)
@@ -154,10 +158,24 @@ def test_a_killed_process_and_a_sigterm_resume_exactly_with_a_workdir_per_host(t
   trained = [r['step'] for r in read_metrics(str(tmp_path / 'host0' / 'r')) if r['kind'] == 'train']
   assert trained.count(2) == 1 and trained.count(4) <= 2, trained  # resumed at step 4, not restarted from 0
 
+  os.rename(ckpt[1], str(ckpt[1]) + '.away')  # one process's checkpoints missing
+  codes, logs = finish(start(tmp_path, 1, [f'r:fdg:2:{steps}:ckpt=2'], tag='missing', workdir=host), timeout=120)
+  # (the worker calls the library, so the CheckpointError is raised as such; main.py prints it as its one line)
+  assert codes == [1, 1] and logs.count('CheckpointError: the processes share no checkpoint step to resume from '
+                                        '(process 0: ') == 2, logs
+  assert not glob.glob(str(ckpt[1] / '*.npz'))  # the refused start wrote no checkpoint in the folder it made
+  shutil.rmtree(ckpt[1])
+  os.rename(str(ckpt[1]) + '.away', ckpt[1])
+  with open(ckpt[1] / f'{stopped}.npz', 'r+b') as f:  # process 1's newest checkpoint damaged (bytes flipped)
+    f.seek(200)
+    f.write(bytes(b ^ 0xFF for b in f.read(8)))
+
   procs = start(tmp_path, 1, [f'r:fdg:2:{steps}:ckpt=2'], tag='end', workdir=host)
   one_process(tmp_path, 2, [f'r:fdg:2:{steps}:ckpt=2'])
   codes, logs = finish(procs)
   assert codes == [0, 0], logs
+  assert f'checkpoint at step {stopped} is damaged in process 1' in logs, logs  # process 0 skipped its intact one
+  assert f'{stopped}.npz.damaged' in os.listdir(ckpt[1]), os.listdir(ckpt[1])
   assert 'no config.json' not in logs, logs  # each host's workdir has its own
   assert_same(tmp_path / 'end0_r.npz', tmp_path / 'ref_r.npz')
   assert_same(tmp_path / 'end1_r.npz', tmp_path / 'ref_r.npz')
