@@ -24,6 +24,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
+from jaxdecouple.checkpoint_files import ProcessFiles
 from jaxdecouple.errors import CheckpointError
 from jaxdecouple.processes import note_saved
 
@@ -47,7 +48,7 @@ class Checkpointer:
                             'folder writable, or use another --workdir') from e
     self._pending: int | None = None  # the step whose asynchronous write may still be under way
     if self.per_process:  # orbax writes only global arrays across processes: this process's own files
-      self._manager = _ProcessFiles(self.directory, keep)
+      self._manager = ProcessFiles(self.directory, keep)
     else:
       self._manager = ocp.CheckpointManager(
           self.directory, item_handlers=ocp.StandardCheckpointHandler(),
@@ -282,46 +283,3 @@ def checksums(arrays: list) -> list:
 
 def _crc(a: np.ndarray) -> int:
   return zlib.crc32(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
-
-
-class _ProcessFiles:
-  """One process's own checkpoints in a multi-process pipeline: a step's arrays in ``STEP.npz``, written
-  to a temporary name and renamed when complete (a crash leaves no half file under a step's name), the
-  newest ``keep`` kept. Saves are synchronous."""
-
-  def __init__(self, directory: str, keep: int):
-    self.directory, self.keep = directory, keep
-    os.makedirs(directory, exist_ok=True)
-
-  def _path(self, step: int) -> str:
-    return os.path.join(self.directory, f'{step}.npz')
-
-  def all_steps(self) -> list[int]:
-    return sorted(int(f[:-4]) for f in os.listdir(self.directory) if f.endswith('.npz') and f[:-4].isdigit())
-
-  def save(self, step: int, leaves: list) -> None:
-    tmp = self._path(step) + '.tmp'
-    with open(tmp, 'wb') as f:
-      np.savez(f, *leaves)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, self._path(step))
-    for old in self.all_steps()[:-self.keep] if self.keep else []:
-      os.remove(self._path(old))
-
-  def restore(self, step: int) -> list:
-    with np.load(self._path(step)) as z:
-      return [z[f'arr_{i}'] for i in range(len(z.files))]
-
-  def shapes(self, step: int) -> list:
-    with np.load(self._path(step)) as z:
-      return [z[f'arr_{i}'] for i in range(len(z.files))]
-
-  def reload(self) -> None:
-    pass
-
-  def wait_until_finished(self) -> None:
-    pass
-
-  def close(self) -> None:
-    pass
