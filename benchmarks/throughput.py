@@ -11,7 +11,7 @@ Each run is METHOD:K:DEVICES (K and DEVICES default to 1):
 - pipeline methods (fdg, adl, ddg, fr, dgl, and the synchronous gpipe, 1f1b, zb_h1 with --micro_batches
   micro-batches per iteration): K stages on DEVICES devices (stages share devices when DEVICES < K); adl
   accumulates --accumulation gradients. DEVICES = K x D > K splits each stage over D devices
-  (pipeline.data_parallel; e.g. 1f1b:2:4, fdg:2:4; not dgl); the synchronous ones also report each stage's
+  (pipeline.data_parallel; e.g. 1f1b:2:4, fdg:2:4, dgl:2:4); the synchronous ones also report each stage's
   all-reduce bytes per iteration.
 - replica methods (resist, localsgd, ensemble): K = S workers on DEVICES devices (workers share a device
   when DEVICES < S); --batch is per worker, so an iteration trains S x batch images, and the workers
@@ -130,7 +130,7 @@ class _Run:
     c.data.synthetic_train_size = args.batch * 4 * max(self.k, 1)
     c.data.synthetic_test_size = 8
     c.pipeline.num_stages, c.pipeline.num_devices, c.pipeline.keep = self.k, self.n_dev, args.keep
-    if self.method in ('fdg', 'adl', 'ddg', 'fr', 'gpipe', '1f1b', 'zb_h1') and self.n_dev > self.k:  # D per stage
+    if self.method in ('fdg', 'adl', 'ddg', 'fr', 'dgl', 'gpipe', '1f1b', 'zb_h1') and self.n_dev > self.k:  # D per stage
       c.pipeline.data_parallel, c.pipeline.num_devices = self.n_dev // self.k, 0
     c.dp.num_devices = self.n_dev
     c.pipeline.accumulation = args.accumulation if self.method == 'adl' else 1

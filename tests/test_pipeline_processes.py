@@ -119,10 +119,12 @@ def test_every_pipeline_method_over_two_processes_matches_one_process(tmp_path):
 def test_stages_over_two_processes_of_two_devices_each(tmp_path):
   """K = 2 x D = 2 (pipeline.data_parallel): stage 0 on process 0's two devices, stage 1 on process 1's, each
   batch split over them, activations, gradients and labels sent between the processes' device pairs; FDG and
-  1F1B give the one-process numbers on 4 devices bit for bit. In the same launch, FDG with K = 4 stages over the
+  1F1B give the one-process numbers on 4 devices bit for bit, and DGL (its auxiliary heads on each stage's two
+  devices). In the same launch, FDG with K = 4 stages over the
   two processes of two devices (stages 0-1 in process 0, 2-3 in process 1; 8 steps, twice its fill). Every
   process here gets an intra-op pool of 4 (the reference's device count), so that the reductions split alike."""
-  runs, env = ['fdg_dp:fdg:2:4:dp=2', '1f1b_dp:1f1b:2:4:dp=2', 'fdg4:fdg:4:8'], {**ENV, 'PJRT_NPROC': '4'}
+  runs = ['fdg_dp:fdg:2:4:dp=2', '1f1b_dp:1f1b:2:4:dp=2', 'dgl_dp:dgl:2:4:dp=2', 'fdg4:fdg:4:8']
+  env = {**ENV, 'PJRT_NPROC': '4'}
   procs = start(tmp_path, 2, runs, env=env)
   one_process(tmp_path, 4, runs, env=env)
   codes, logs = finish(procs)

@@ -189,10 +189,13 @@ def test_data_parallel_stages_give_one_devices_numbers(tmp_path):
 
 
 @pytest.mark.parametrize('method,extra', [('fdg', {'pipeline.keep': 'recompute', 'pipeline.corrector': 'predict'}),
-                                          ('ddg', {}), ('fr', {})])
+                                          ('ddg', {}), ('fr', {}), ('dgl', {})])
 def test_data_parallel_stages_of_the_asynchronous_methods(method, extra, tmp_path):
   """The asynchronous pipelines split each stage over 2 devices too (K = 2 x D = 2): the numbers of one device
-  per stage, every stage's state on its own 2 devices."""
+  per stage, every stage's state on its own 2 devices. DGL too, its auxiliary heads' BatchNorm over the whole
+  batch (it was refused for being 1e-6 apart after one step where FDG was 0, but FDG's first step updates
+  nothing yet: after 6 steps both are about 1e-3 of a BatchNorm bias apart, float rounding of the sharded
+  sums, within the tolerance)."""
   kw = dict(method=method, max_steps=6, **{'pipeline.num_stages': 2, 'optim.learning_rate': 0.02, **extra})
   one = train_and_evaluate(tiny_config(**kw), str(tmp_path / 'd1'))
   two = train_and_evaluate(tiny_config(**kw, **{'pipeline.data_parallel': 2}), str(tmp_path / 'd2'))
@@ -220,7 +223,5 @@ def test_bad_synchronous_settings_stop_with_one_line(overrides, field):
 def test_more_stages_times_devices_than_present_stop_before_compute(workdir):
   with pytest.raises(ConfigError, match=r'^config.pipeline.data_parallel: 2 stages x 4 devices = 8 devices, but only 4'):
     train_and_evaluate(sync_config('gpipe', **{'pipeline.data_parallel': 4}), workdir)
-  with pytest.raises(ConfigError, match=r"^config.pipeline.data_parallel: dgl's stages split over devices"):
-    validate(tiny_config(method='dgl', **{'pipeline.data_parallel': 2}))
   with pytest.raises(ConfigError, match=r'^config.pipeline.data_parallel: 2 devices per stage do not divide the batch'):
     validate(tiny_config(method='fdg', batch_size=31, **{'pipeline.data_parallel': 2}))

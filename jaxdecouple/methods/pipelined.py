@@ -64,9 +64,6 @@ class PipelineMethod(Method):
                                  'device per stage with BP; leave it at 0 with data_parallel > 1')):
         if value:
           fail(f'pipeline.{field}', why)
-      if cls.name == 'dgl':  # measured: 3e-5 apart from D = 1 after one step, where FDG's are 1e-7 apart
-        fail('pipeline.data_parallel', "dgl's stages split over devices do not give the one-device numbers yet "
-             '(its auxiliary heads; not understood); use data_parallel=1 with dgl')
     if p.corrector not in CORRECTORS:
       fail('pipeline.corrector', f'{p.corrector!r} is not allowed; choose one of: {", ".join(CORRECTORS)}')
     if cls.keep == 'replay' and p.corrector not in ('none', 'pipemare_lr'):

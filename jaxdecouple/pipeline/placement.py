@@ -36,14 +36,17 @@ def move(tree, device: jax.Device):
 
 
 def on_one_device(tree, device: jax.Device):
-  """A tree replicated over a stage's devices as the copy on ``device`` (one of them), so that it can travel as
-  a single-device array (across processes too: the other processes get its shape on that device)."""
+  """A tree replicated over a stage's devices as the copy on ``device``, so that it can travel as a single-device
+  array (across processes too: the other processes get its shape on that device). An array replicated over
+  another stage's devices (DGL: every stage logs metrics of its own) gives the copy on the first of its own
+  devices; every process makes the same choice."""
   def one(x):
     if len(x.devices()) == 1:
       return x
-    if is_local(device):
-      return next(s.data for s in x.addressable_shards if s.device == device)
-    return jax.make_array_from_single_device_arrays(x.shape, jax.sharding.SingleDeviceSharding(device), [],
+    here = device if device in x.devices() else min(x.devices(), key=lambda d: d.id)
+    if is_local(here):
+      return next(s.data for s in x.addressable_shards if s.device == here)
+    return jax.make_array_from_single_device_arrays(x.shape, jax.sharding.SingleDeviceSharding(here), [],
                                                     dtype=x.dtype)
   return jax.tree.map(one, tree)
 
