@@ -212,8 +212,9 @@ def peers_watched(heartbeat_s: float):
   """Across processes, a collective or transfer whose peer died fails in the runtime (gloo: 'connection
   reset by peer'); that becomes a ProcessError naming the dead process, with the reason it published if it
   stopped on an error of its own (``tell_the_others``), so that every survivor stops with one line well
-  within a minute, its last checkpoint untouched, naming the newest step every process wrote (``note_saved``). A survivor waiting elsewhere is ended by JAX's coordination
-  service at the heartbeat timeout (``distributed.heartbeat_timeout_s``). This process's own error is
+  within a minute, its last checkpoint untouched, naming the newest step every process wrote
+  (``note_saved``). A survivor waiting elsewhere is ended by JAX's coordination service at the heartbeat
+  timeout (``distributed.heartbeat_timeout_s``). This process's own error is
   published for the others. Other runtime errors pass through unchanged."""
   try:
     yield

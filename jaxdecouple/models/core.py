@@ -99,7 +99,7 @@ def _scan_remat(module, body):
   them in place. A transformer block's residuals are large (a 12-block GPT at 32 x 128 tokens: 1.14 GB, most
   of it the GELU's and the softmax's elementwise intermediates), and its scanned forward took 2.4x the
   unrolled one. Saving only the matrix products' outputs (``dots_saveable``: 375 MB) and recomputing the
-  elementwise rest in the backward made the scanned GPT's BP step 1.16x the unrolled one instead of 1.41x
+  elementwise rest in the backward made the scanned GPT's BP step 1.06-1.21x the unrolled one instead of 1.41x
   (docs/PERFORMANCE.md). On a GPU the scan was already as fast as unrolled, so nothing is recomputed there.
   The values are the same either way: the recomputation repeats the forward's operations."""
   policy = getattr(type(module), 'SCAN_REMAT_POLICY', None)
