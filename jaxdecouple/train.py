@@ -30,7 +30,7 @@ from jaxdecouple.methods import METHODS, Method, Setup, validate
 from jaxdecouple.models import build_model, count_params
 from jaxdecouple.optim import make_optimizer, make_schedule
 from jaxdecouple.process_start import start_processes
-from jaxdecouple.processes import StopSignal, agree_on_config, agree_on_failure, peers_watched
+from jaxdecouple.processes import StopSignal, agree_on_config, agree_on_data, agree_on_failure, peers_watched
 from jaxdecouple.workdir import open_workdir, write_config
 from jaxdecouple.writers import MetricWriter, format_duration
 
@@ -117,6 +117,7 @@ class Loop:
   def __init__(self, config, workdir: str, checkpointer: Checkpointer):
     self.config, self.workdir, self.checkpointer = config, workdir, checkpointer
     self.dataset = dataset = hold_out(load_dataset(config.data, config.dataset), config.data.holdout)
+    agree_on_data(dataset, config.distributed.startup_timeout_s)
     if config.batch_size > len(dataset.x_train):
       fail('batch_size', f'{config.batch_size} exceeds the {len(dataset.x_train)} training examples of {config.dataset}')
     self.setup = build_setup(config, dataset)

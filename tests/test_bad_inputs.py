@@ -330,6 +330,9 @@ def mp_cases(tmp_path):
   np.savez(data, x_train=rng.integers(0, 256, (64, 32, 32, 3), dtype=np.uint8), y_train=np.arange(64) % 10,
            x_test=rng.integers(0, 256, (16, 32, 32, 3), dtype=np.uint8), y_test=np.arange(16) % 10)
   missing = tmp_path / 'missing.npz'
+  fewer = tmp_path / 'c10_fewer.npz'  # the same format, 48 training images instead of 64
+  np.savez(fewer, x_train=rng.integers(0, 256, (48, 32, 32, 3), dtype=np.uint8), y_train=np.arange(48) % 10,
+           x_test=rng.integers(0, 256, (16, 32, 32, 3), dtype=np.uint8), y_test=np.arange(16) % 10)
   npz = ['--config.data.source=npz']
   fdg = ['--config.method=fdg', '--config.model=resnet8', '--config.pipeline.num_stages=2']
   return [
@@ -351,6 +354,8 @@ def mp_cases(tmp_path):
       ('another-method-on-process-1', {0: [], 1: fdg}, {i: (2, 'config.method: process') for i in (0, 1)}),
       ('another-number-of-stages-on-process-1', {0: fdg, 1: [*fdg, '--config.pipeline.num_stages=3']},
        {i: (2, 'config.pipeline.num_stages: process') for i in (0, 1)}),
+      ('other-data-on-process-1', {0: [*npz, f'--config.data.path={data}'], 1: [*npz, f'--config.data.path={fewer}']},
+       {i: (2, 'config.data.path: the processes read different data (training examples: process') for i in (0, 1)}),
       ('training-data-missing-on-process-1', {0: [*npz, f'--config.data.path={data}'],
                                               1: [*npz, f'--config.data.path={missing}']},
        {0: (2, f'another process stopped (process 1: data.path={missing} does not exist)'),
@@ -368,9 +373,16 @@ def test_bad_multi_process_runs(tmp_path):
   from conftest import FAST_COMPILE_XLA_FLAGS
   from test_multiprocess import free_port
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': FAST_COMPILE_XLA_FLAGS}
-  cases, running, taken = mp_cases(tmp_path), [], []
+  cases, running, taken, used = mp_cases(tmp_path), [], [], set()
+
+  def fresh_port():  # free now, and no other case's: nothing listens on a case's ports before it starts
+    while True:
+      port = free_port()
+      if not {port, port + 1, port + 2} & used:
+        used.update({port, port + 1, port + 2})
+        return port
   for case_id, flags, expected in cases:
-    port, other_port = free_port(), free_port()
+    port, other_port = fresh_port(), fresh_port()
     for offset in [int(a[len('TAKEN+'):]) for extra in flags.values() for a in extra if a.startswith('TAKEN+')]:
       listener = socket.socket()  # another program on the coordinator's port (+ 0) or a transfer port
       listener.bind(('127.0.0.1', port + offset))
