@@ -1,7 +1,8 @@
 """Several processes in one run: agreeing before any work, and stopping all of them together.
 
-Joining the run is ``process_start.py``; here ``agree_on_config`` compares every process's config before any work; ``StopSignal`` turns SIGTERM or Ctrl-C
-into one agreed stop with a checkpoint; ``peers_watched`` turns a collective or transfer that failed because
+Joining the run is ``process_start.py``, comparing the processes' configs and data before any work is
+``agreement.py``; here ``agree_on_failure`` and ``meet`` bring every process to one verdict or point,
+``StopSignal`` turns SIGTERM or Ctrl-C into one agreed stop with a checkpoint; ``peers_watched`` turns a collective or transfer that failed because
 a peer died into one line naming the process.
 """
 from __future__ import annotations
@@ -15,25 +16,9 @@ import time
 import jax
 from absl import logging
 
-from jaxdecouple.errors import ConfigError, JaxDecoupleError, ProcessError
+from jaxdecouple.errors import JaxDecoupleError, ProcessError
 
-# Fields each process may set its own way: who it is, where it listens, where its host keeps the data.
-PER_PROCESS = ('distributed.process_id', 'distributed.transfer_address', 'data.path', 'data.idx_dir',
-               'data.tfds_data_dir', 'data.tfds_manual_dir', 'data.imagenet_v2_dir', 'data.workers',
-               'data.prefetch')
-
-
-def _flat(tree: dict, prefix: str = '') -> dict:
-  out = {}
-  for key, value in tree.items():
-    out.update(_flat(value, f'{prefix}{key}.') if isinstance(value, dict) else {prefix + key: value})
-  return out
-
-
-_AGREEMENTS: dict[str, int] = {}  # per kind (config, data): how many runs this process has started
-
-
-def _leave_together() -> None:
+def leave_together() -> None:
   """Every process that stops at an agreed point leaves the coordination service before it exits, so that
   the first to exit (the service's host) does not abort the others (measured: -6 without it). A failure
   here changes nothing: the stop's own line says what matters."""
@@ -41,74 +26,6 @@ def _leave_together() -> None:
     jax.distributed.shutdown()
   except Exception:  # noqa: BLE001
     return
-
-
-def agree_on_config(config, timeout_s: float) -> None:
-  """Before any work, every process puts its config in the coordinator's key-value store and reads every
-  other's (waiting at most ``timeout_s``); a field that differs (other than ``PER_PROCESS``) stops every
-  process with one line naming the field, the processes and their values. A run whose processes trained
-  different configs would end with a hybrid model, or deadlock when their layouts differ."""
-  if jax.process_count() == 1:
-    return
-  me = jax.process_index()
-  mine = {k: v for k, v in _flat(json.loads(config.to_json_best_effort())).items() if k not in PER_PROCESS}
-  for p, theirs in _others('config', mine, timeout_s):
-    for field in sorted(set(mine) | set(theirs)):
-      if mine.get(field) != theirs.get(field):
-        _leave_together()  # every process finds the difference: each compares with every other
-        raise ConfigError(
-            f'config.{field}: process {me} has {json.dumps(mine.get(field))}, process {p} has '
-            f'{json.dumps(theirs.get(field))}; every process needs the same config (only '
-            f'{", ".join(PER_PROCESS)} may differ)')
-
-
-def agree_on_data(dataset, timeout_s: float) -> None:
-  """After loading, every process compares what its data set looks like (its sizes, an example's shape and
-  type, its classes). ``data.path`` may differ between hosts, its contents may not: processes that read
-  different data would feed the stages and workers batches that do not match, or deadlock. A difference stops
-  every process with one line naming the processes and their values."""
-  if jax.process_count() == 1:
-    return
-  me = jax.process_index()
-  shapes = {'training examples': len(dataset.x_train), 'test examples': len(dataset.x_test),
-            'example shape': list(dataset.x_train.shape[1:]), 'example dtype': str(dataset.x_train.dtype),
-            'classes': dataset.num_classes}
-  for p, theirs in _others('data', shapes, timeout_s):
-    for field in sorted(set(shapes) | set(theirs)):
-      if shapes.get(field) != theirs.get(field):
-        _leave_together()
-        raise ConfigError(
-            f'config.data.path: the processes read different data ({field}: process {me} has '
-            f'{json.dumps(shapes.get(field))}, process {p} has {json.dumps(theirs.get(field))}); give every '
-            'process the same data set')
-
-
-def _others(kind: str, mine: dict, timeout_s: float) -> list[tuple[int, dict]]:
-  """Publishes ``mine`` in the coordinator's key-value store and returns every other process's (process, its
-  dict), waiting at most ``timeout_s`` for each. One key per run and kind: a process may train several runs,
-  and every process starts them in the same order."""
-  from jax._src import distributed
-  client, me = distributed.global_state.client, jax.process_index()
-  key = f'jaxdecouple/{kind}/{_AGREEMENTS.get(kind, 0)}'
-  _AGREEMENTS[kind] = _AGREEMENTS.get(kind, 0) + 1
-  client.key_value_set(f'{key}/{me}', json.dumps(mine, sort_keys=True))
-  out, deadline = [], time.monotonic() + timeout_s
-  for p in range(jax.process_count()):
-    if p == me:
-      continue
-    while True:  # a second at a time: a peer that stopped on an error of its own has published why
-      try:
-        out.append((p, json.loads(client.blocking_key_value_get(f'{key}/{p}', 1000))))
-        break
-      except Exception as e:  # noqa: BLE001  the coordination service's own error: a deadline, a lost peer
-        if (why := reason_of(p)) is not None:
-          raise ProcessError(f'another process stopped (process {p}: {why}); fix that and restart every process '
-                             'with the same --workdir') from None
-        if time.monotonic() >= deadline:
-          raise ConfigError(f'config.distributed: process {p} did not show its {kind} within {timeout_s:g} s '
-                            f'({type(e).__name__}); start every process, or raise '
-                            'config.distributed.startup_timeout_s') from None
-  return out
 
 
 _VERDICTS = [0]  # verdicts this process has taken part in: every process asks at the same steps
@@ -138,7 +55,7 @@ def agree_on_failure(what: str | None, timeout_s: float = 120.0) -> str | None:
                          'checkpoint all of them hold') from None
   found = next((v for v in verdicts if v), None)
   if found:  # every process stops here
-    _leave_together()
+    leave_together()
   return found
 
 

@@ -30,7 +30,8 @@ from jaxdecouple.methods import METHODS, Method, Setup, validate
 from jaxdecouple.models import build_model, count_params
 from jaxdecouple.optim import make_optimizer, make_schedule
 from jaxdecouple.process_start import start_processes
-from jaxdecouple.processes import StopSignal, agree_on_config, agree_on_data, agree_on_failure, peers_watched
+from jaxdecouple.agreement import agree_on_config, agree_on_data
+from jaxdecouple.processes import StopSignal, agree_on_failure, peers_watched
 from jaxdecouple.workdir import open_workdir, write_config
 from jaxdecouple.writers import MetricWriter, format_duration
 
