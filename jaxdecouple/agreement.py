@@ -10,22 +10,13 @@ import jax
 
 from jaxdecouple.errors import ConfigError, ProcessError
 from jaxdecouple.processes import leave_together, reason_of
+from jaxdecouple.workdir import flat
 
 # Fields each process may set its own way: who it is, where it listens, where its host keeps the data.
 PER_PROCESS = ('distributed.process_id', 'distributed.transfer_address', 'data.path', 'data.idx_dir',
                'data.tfds_data_dir', 'data.tfds_manual_dir', 'data.imagenet_v2_dir', 'data.workers',
                'data.prefetch')
-
-
-def _flat(tree: dict, prefix: str = '') -> dict:
-  out = {}
-  for key, value in tree.items():
-    out.update(_flat(value, f'{prefix}{key}.') if isinstance(value, dict) else {prefix + key: value})
-  return out
-
-
 _AGREEMENTS: dict[str, int] = {}  # per kind (config, data): how many runs this process has started
-
 
 
 def agree_on_config(config, timeout_s: float) -> None:
@@ -36,7 +27,7 @@ def agree_on_config(config, timeout_s: float) -> None:
   if jax.process_count() == 1:
     return
   me = jax.process_index()
-  mine = {k: v for k, v in _flat(json.loads(config.to_json_best_effort())).items() if k not in PER_PROCESS}
+  mine = {k: v for k, v in flat(json.loads(config.to_json_best_effort())).items() if k not in PER_PROCESS}
   for p, theirs in _others('config', mine, timeout_s):
     for field in sorted(set(mine) | set(theirs)):
       if mine.get(field) != theirs.get(field):

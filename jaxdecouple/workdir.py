@@ -36,11 +36,12 @@ MAY_CHANGE_ON_RESUME = (
 )
 
 
-def _flat(tree: dict, prefix: str = '') -> dict:
+def flat(tree: dict, prefix: str = '') -> dict:
+  """A nested config dict as {'a.b.c': value} (the workdir's resume check, the processes' agreement)."""
   out = {}
   for key, value in tree.items():
     if isinstance(value, dict):
-      out.update(_flat(value, f'{prefix}{key}.'))
+      out.update(flat(value, f'{prefix}{key}.'))
     else:
       out[prefix + key] = value
   return out
@@ -64,8 +65,8 @@ def has_checkpoints(workdir: str) -> bool:
 def config_differences(saved: dict, config) -> list[str]:
   """'field saved -> now' for every field that changes what is computed and differs from ``saved``
   (a config.json). Fields that one side lacks (another version of jaxdecouple) are not compared."""
-  now = _flat(json.loads(config.to_json_best_effort()))
-  saved = _flat(saved)
+  now = flat(json.loads(config.to_json_best_effort()))
+  saved = flat(saved)
   out = []
   for field in sorted(set(now) & set(saved)):
     if field in MAY_CHANGE_ON_RESUME:
