@@ -151,8 +151,9 @@ class Checkpointer:
     processes meet under a key of what they share, this run (one per coordinator) and the round of the
     agreement, never a path: each host may keep its workdir where it likes. Where some process holds
     checkpoints and they share none (one process's folder deleted or replaced), the run stops with one line
-    rather than restart every process from step 0."""
-    if not self.per_process:
+    rather than restart every process from step 0. (Where processes share the folder, orbax's global arrays,
+    each still compares what it sees: a folder that is not really shared shows up here, not as a hang.)"""
+    if jax.process_count() == 1:
       return steps
     held = [json.loads(v) for v in self._exchange(json.dumps(steps))]
     common = sorted(set.intersection(*map(set, held)))
@@ -174,8 +175,10 @@ class Checkpointer:
 
   def _all_restored(self, step: int, ok: bool) -> bool:
     """Per process: whether every process restored ``step`` intact (each after its own checks). A step damaged
-    in one process only is skipped by all of them, so that they resume together from an earlier one."""
-    if not self.per_process:
+    in one process only is skipped by all of them, so that they resume together from an earlier one. Where the
+    processes share the folder (orbax's global arrays: each process reads and checks its own shards), a part
+    damaged in one process would otherwise let the others go on from a step that process cannot."""
+    if jax.process_count() == 1:
       return ok
     answers = self._exchange('1' if ok else '0')
     bad = [p for p, a in enumerate(answers) if a != '1']
@@ -206,13 +209,14 @@ class Checkpointer:
           restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
           self._verify(step, restored['leaves'])
       except Exception as e:  # damaged files: missing, truncated, unreadable metadata, corrupted content
-        aside = self._move_aside(step)
-        logging.warning('checkpoint at step %d is damaged or incomplete (%s: %s); moved it to %s and '
-                        'trying an earlier one', step, type(e).__name__,
-                        str(e).splitlines()[0][:160], aside)
+        logging.warning('checkpoint at step %d is damaged or incomplete (%s: %s); trying an earlier one', step,
+                        type(e).__name__, str(e).splitlines()[0][:160])
         self._all_restored(step, False)
+        logging.warning('checkpoint at step %d moved to %s', step, self._move_aside(step))
         continue
-      if not self._all_restored(step, True):  # intact here, damaged in another process: kept, skipped
+      if not self._all_restored(step, True):  # intact here, damaged in another process
+        if self._shared():  # one step folder for all: set aside by all, once
+          self._move_aside(step)
         continue
       return step, jax.tree.unflatten(treedef, restored['leaves'])
     if steps:
@@ -223,17 +227,25 @@ class Checkpointer:
   def _moved_aside(self) -> list[str]:
     return sorted(f for f in os.listdir(self.directory) if '.damaged' in f)
 
+  def _shared(self) -> bool:
+    """Whether the processes write one folder together (orbax's global arrays over processes)."""
+    return not self.per_process and jax.process_count() > 1
+
   def _move_aside(self, step: int) -> str:
     """Renames a damaged checkpoint (and its checksums) so that the step can be written again, keeping
-    the files."""
+    the files. In a folder the processes share, process 0 renames the step and each process its own
+    checksums; every process then waits for the others (a round of the key-value store) and reloads."""
     source = os.path.join(self.directory, str(step) + ('.npz' if self.per_process else ''))
     target, n = f'{source}.damaged', 1
     while os.path.exists(target):
       n += 1
       target = f'{source}.damaged{n}'
-    os.rename(source, target)
+    if not self._shared() or jax.process_index() == 0:
+      os.rename(source, target)
     if os.path.exists(self._checksum_path(step)):
       os.replace(self._checksum_path(step), self._checksum_path(step) + '.damaged')
+    if self._shared():
+      target = self._exchange(target)[0]  # process 0's name for it, once it is there
     self._manager.reload()
     return target
 
