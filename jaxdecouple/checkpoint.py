@@ -37,6 +37,7 @@ class Checkpointer:
   def __init__(self, directory: str, keep: int, per_process: bool = False):
     self.per_process = per_process and jax.process_count() > 1
     self.root = os.path.abspath(directory)  # the same in every process
+    self._refuse_the_other_layout()
     if self.per_process:
       directory = os.path.join(directory, f'process_{jax.process_index()}')
     self.directory = os.path.abspath(directory)
@@ -58,6 +59,28 @@ class Checkpointer:
           f'every checkpoint in {self.directory} was found damaged by an earlier run and moved aside '
           f'({", ".join(self._moved_aside()[:3])}), so this run cannot resume, and starting afresh would '
           'silently restart from step 0: remove that folder to start afresh on purpose, or use another --workdir')
+
+  def _refuse_the_other_layout(self) -> None:
+    """Checkpoints written per process (a pipeline over processes: ``process_P/STEP.npz``) are invisible to a run
+    that keeps one folder, and a one-folder run's ``STEP/`` to a pipeline over processes: either would silently
+    start again from step 0. Stops with one line, before anything is written."""
+    names = os.listdir(self.root) if os.path.isdir(self.root) else []
+    per_process = sorted(n for n in names if n.startswith('process_') and os.path.isdir(os.path.join(self.root, n))
+                         and any(f.endswith('.npz') and f[:-4].isdigit() for f in os.listdir(os.path.join(self.root, n))))
+    one_folder = sorted(int(n) for n in names if n.isdigit())
+    processes = jax.process_count()
+    if per_process and not self.per_process:
+      raise CheckpointError(
+          f'the checkpoints in {self.root} were written per process ({", ".join(per_process)}: a pipeline over '
+          f'{len(per_process)} processes), which a run {"in one process" if processes == 1 else "of this method"} '
+          f'cannot read; resume them with the same method over {len(per_process)} processes '
+          '(distributed.num_processes), or use another --workdir')
+    if one_folder and self.per_process:
+      raise CheckpointError(
+          f'the checkpoints in {self.root} (steps {", ".join(map(str, one_folder[-3:]))}) were written into one '
+          f'folder (a run in one process, or a replica method over processes), which a pipeline over {processes} '
+          'processes, keeping one folder per process, cannot read; resume them as they were made, or use another '
+          '--workdir')
 
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())

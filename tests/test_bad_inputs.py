@@ -286,6 +286,11 @@ def test_bad_checkpoints(tmp_path, trained):
   old = tmp_path / 'old'  # a workdir of an earlier version: no config.json, so only the arrays are compared
   shutil.copytree(trained, old)
   os.remove(old / 'config.json')
+  per_process = tmp_path / 'per_process'  # the layout of a pipeline over 2 processes, resumed in one process
+  shutil.copytree(trained, per_process, ignore=shutil.ignore_patterns('checkpoints'))
+  for i in range(2):
+    os.makedirs(per_process / 'checkpoints' / f'process_{i}')
+    np.savez(per_process / 'checkpoints' / f'process_{i}' / '4.npz', np.zeros(3))
   on = [*Q[:-2], '--config.max_steps=6', f'--workdir={trained}']
   check(tmp_path, [
       ('resume-other-model', [*on, '--config.model=resnet14'], 'model "resnet8" -> "resnet14"'),
@@ -304,6 +309,8 @@ def test_bad_checkpoints(tmp_path, trained):
                                             f'--workdir={old}'], 'have other shapes'),
       ('every-checkpoint-damaged', [*Q[:-2], '--config.max_steps=6', f'--workdir={damaged}'],
        'every checkpoint in'),
+      ('resume-per-process-checkpoints-in-one-process', [*Q[:-2], '--config.max_steps=6', f'--workdir={per_process}'],
+       'were written per process (process_0, process_1: a pipeline over 2 processes)'),
   ], untouched=trained)
 
 

@@ -182,6 +182,25 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(damage, workdir, t
   del first
 
 
+def test_checkpoints_of_the_other_layout_are_refused_before_anything_is_written(tmp_path, monkeypatch):
+  """A pipeline over processes keeps checkpoints/process_P/STEP.npz, every other run checkpoints/STEP/: either
+  finding the other's would start again from step 0 beside checkpoints it cannot read. (The one-process side
+  through main.py: test_bad_inputs.py.)"""
+  from jaxdecouple.checkpoint import Checkpointer
+  per_process = tmp_path / 'a' / 'checkpoints'
+  for i in range(2):
+    os.makedirs(per_process / f'process_{i}')
+    np.savez(per_process / f'process_{i}' / '4.npz', np.zeros(3))
+  with pytest.raises(CheckpointError, match=r'written per process \(process_0, process_1: a pipeline over 2 processes\)'):
+    Checkpointer(str(per_process), keep=2)
+  one_folder = tmp_path / 'b' / 'checkpoints'
+  os.makedirs(one_folder / '4')
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)  # as a pipeline over 2 processes sees it, before any exchange
+  with pytest.raises(CheckpointError, match=r'\(steps 4\) were written into one folder .* a pipeline over 2 processes'):
+    Checkpointer(str(one_folder), keep=2, per_process=True)
+  assert sorted(os.listdir(one_folder)) == ['4']  # nothing written
+
+
 def test_checkpoint_of_another_config_is_refused(workdir):
   train_and_evaluate(tiny_config(max_steps=4), workdir)
   with pytest.raises(CheckpointError, match='another config: model "resnet8" -> "resnet14"'):
