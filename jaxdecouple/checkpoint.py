@@ -23,6 +23,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 
 from jaxdecouple.checkpoint_files import ProcessFiles
 from jaxdecouple.errors import CheckpointError
@@ -228,6 +229,12 @@ class Checkpointer:
           self._verify(step, arrays)
           arrays = iter(arrays)
           restored = {'leaves': [next(arrays) if t.is_fully_addressable else t for t in leaves]}
+        elif self._shared():  # orbax's restore ends in a barrier of every process, which a process whose read
+          # failed never reaches: the handler alone reads this process's shards, and the agreement below is the
+          # only meeting point (else a part unreadable in one process held the others in that barrier)
+          restored = ocp.StandardCheckpointHandler().restore(
+              epath.Path(self.directory) / str(step) / 'default', args=ocp.args.StandardRestore(abstract))
+          self._verify(step, restored['leaves'])
         else:
           restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
           self._verify(step, restored['leaves'])
@@ -263,12 +270,21 @@ class Checkpointer:
     while os.path.exists(target):
       n += 1
       target = f'{source}.damaged{n}'
-    if not self._shared() or jax.process_index() == 0:
-      os.rename(source, target)
-    if os.path.exists(self._checksum_path(step)):
-      os.replace(self._checksum_path(step), self._checksum_path(step) + '.damaged')
+    try:
+      if not self._shared() or jax.process_index() == 0:
+        os.rename(source, target)
+      if os.path.exists(self._checksum_path(step)):
+        os.replace(self._checksum_path(step), self._checksum_path(step) + '.damaged')
+      failed = ''
+    except OSError as e:  # said once every process has met, so that none is left waiting for this one
+      failed = f'{e.strerror or type(e).__name__}: {e.filename}'
     if self._shared():
-      target = self._exchange(target)[0]  # process 0's name for it, once it is there
+      answers = self._exchange(failed and f'!{failed}' or target)  # process 0's name for it, once it is there
+      failed = failed or next((a[1:] for a in answers if a.startswith('!')), '')
+      target = answers[0]
+    if failed:
+      raise CheckpointError(f'the damaged checkpoint at step {step} in {self.directory} could not be moved aside '
+                            f'({failed}); make the folder writable, then run again with the same --workdir')
     self._manager.reload()
     return target
 

@@ -57,7 +57,7 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path, resist_oute
     got = np.load(tmp_path / f'p{i}.npz')
     assert got['__devices__'].tolist() == [4, 2, 2]
     assert got['__resumed__'].tolist() == [7, 0]  # resumed to step 7, no checkpoint found damaged
-    # process 1's part of step 7 damaged: both skipped it, redid steps 5 to 7 alike (bit for bit), and the
+    # process 1's part of step 7 unreadable: both skipped it, redid steps 5 to 7 alike (bit for bit), and the
     # step was set aside once, with each process's checksums
     assert got['__redone__'].tolist() == [7, 0], got['__redone__']
     assert got['__moved__'].tolist() == ['7.damaged'], got['__moved__']
@@ -66,3 +66,5 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path, resist_oute
       assert err <= 2e-4, f'{key}: relative error {err:.3g}'
     assert abs(float(got['__accuracy__']) - single.last_eval['test_accuracy']) <= 1 / 64  # one image
   assert os.path.exists(os.path.join(workdir, 'metrics.jsonl'))  # written once, by process 0
+  assert 'checkpoint at step 7 is damaged in process 1' in logs[0], logs[0][-3000:]  # process 0's own part intact
+  assert 'checkpoint at step 7 is damaged or incomplete' in logs[1], logs[1][-3000:]

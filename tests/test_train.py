@@ -201,6 +201,22 @@ def test_checkpoints_of_the_other_layout_are_refused_before_anything_is_written(
   assert sorted(os.listdir(one_folder)) == ['4']  # nothing written
 
 
+def test_a_damaged_checkpoint_that_cannot_be_moved_aside_stops_with_one_line(tmp_path, monkeypatch):
+  """Moving a damaged step aside is what lets the next run write it again: where the rename fails, the run stops
+  with one line (over processes, only after every process has met, so that none is left waiting)."""
+  from jaxdecouple.checkpoint import Checkpointer
+  ckpt = Checkpointer(str(tmp_path / 'checkpoints'), keep=2)
+  ckpt.save(2, {'w': jnp.arange(4.0)})
+  ckpt.close()
+  with open(tmp_path / 'checkpoints' / 'checksums' / '2.json', 'w') as f:
+    f.write('[0]')  # the arrays no longer match their checksums: damaged
+  def refuse(*_):
+    raise PermissionError(13, 'Permission denied', str(tmp_path / 'checkpoints' / '2'))
+  monkeypatch.setattr(os, 'rename', refuse)
+  with pytest.raises(CheckpointError, match=r'at step 2 .* could not be moved aside \(Permission denied: '):
+    Checkpointer(str(tmp_path / 'checkpoints'), keep=2).restore_latest({'w': jnp.zeros(4)})
+
+
 def test_checkpoint_of_another_config_is_refused(workdir):
   train_and_evaluate(tiny_config(max_steps=4), workdir)
   with pytest.raises(CheckpointError, match='another config: model "resnet8" -> "resnet14"'):
