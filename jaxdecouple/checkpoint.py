@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import zlib
 from typing import Any
@@ -131,10 +132,11 @@ class Checkpointer:
       raise
     except Exception as e:  # OSError, and what orbax wraps it in
       text = ' '.join(str(e).split())
-      cause = text if len(text) <= 160 else '...' + text[-160:]  # the OS's reason comes last
+      cause = _os_reason(e) or f'{type(e).__name__}: ' + (  # tensorstore's text: the OS's reason comes last
+          text if len(text) <= 160 else '...' + text[-160:])
       where = f'at step {step} ' if step is not None else ''
       raise CheckpointError(
-          f'writing the checkpoint {where}in {self.directory} failed ({type(e).__name__}: {cause}); check that the '
+          f'writing the checkpoint {where}in {self.directory} failed ({cause}); check that the '
           'disk has space and the folder is writable, then run again with the same --workdir to resume from the '
           f'last checkpoint written') from e
 
@@ -318,6 +320,22 @@ class Checkpointer:
     self.wait()
     self._manager.close()
     self._forget_checksums()
+
+
+def _os_reason(e: BaseException) -> str:
+  """The OS's reason and file of an OSError in ``e``'s chain ('File too large: .../d/1e25...'), or of an error
+  code in tensorstore's text (``[os_error_code='27']``), else ''. Python's own text puts the path last, which a
+  long workdir would push out of a line cut to its end."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.strerror:
+      name = str(e.filename or '')
+      return f'{type(e).__name__}: {e.strerror}' + (f': ...{name[-80:]}' if len(name) > 80 else f': {name}' if name else '')
+    if code := re.search(r"os_error_code='?(\d+)", str(e)):
+      return f'{type(e).__name__}: {os.strerror(int(code.group(1)))} (os_error_code {code.group(1)})'
+    e = e.__cause__ or e.__context__
+  return ''
 
 
 def checksums(arrays: list) -> list:

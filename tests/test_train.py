@@ -398,6 +398,21 @@ def test_a_failed_checkpoint_write_exits_promptly_with_one_line(workdir):
   assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]
 
 
+def test_a_failed_write_names_the_os_reason_however_long_the_path(tmp_path):
+  """The OS's reason stays in the one line when the failing file's path is long (Python's own text puts the
+  path last, and the line keeps the end of a long text: a deep workdir once left 'File too large' out)."""
+  from jaxdecouple.checkpoint import Checkpointer
+  ckpt = Checkpointer(str(tmp_path / 'checkpoints'), keep=2)
+  deep = str(tmp_path / ('d' * 200) / 'ocdbt.process_0' / 'd' / '1e25ed22b2970875a0e614da5d6d6216')
+  with pytest.raises(CheckpointError, match=r'at step 2 .* failed \(OSError: File too large: \.\.\..*/d/1e25ed22'):
+    with ckpt._writing(2):
+      raise ValueError('what orbax wraps it in') from OSError(27, 'File too large', deep)
+  ts = f'Error writing "{deep}": Failed to write 7450624 bytes to file 16: File too large [os_error_code=\'27\'] ' + 'x' * 200
+  with pytest.raises(CheckpointError, match=r'at step 4 .* failed \(ValueError: File too large \(os_error_code 27\)\)'):
+    with ckpt._writing(4):
+      raise ValueError(ts)  # tensorstore's text, its reason in the middle
+
+
 def test_bfloat16_compute_trains_like_float32(workdir, tmp_path):
   """compute_dtype='bfloat16': the convolutions see bfloat16 and the logits come out float32; parameters,
   optimizer state and BatchNorm statistics stay float32 (the messages between pipeline stages are bfloat16).
