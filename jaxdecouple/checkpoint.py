@@ -24,7 +24,6 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
-from etils import epath
 
 from jaxdecouple.checkpoint_files import ProcessFiles
 from jaxdecouple.errors import CheckpointError
@@ -235,7 +234,7 @@ class Checkpointer:
           # failed never reaches: the handler alone reads this process's shards, and the agreement below is the
           # only meeting point (else a part unreadable in one process held the others in that barrier)
           restored = ocp.StandardCheckpointHandler().restore(
-              epath.Path(self.directory) / str(step) / 'default', args=ocp.args.StandardRestore(abstract))
+              self._manager.directory / str(step) / 'default', args=ocp.args.StandardRestore(abstract))
           self._verify(step, restored['leaves'])
         else:
           restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
