@@ -2,7 +2,8 @@
 # Every GPU figure of docs/PERFORMANCE.md in one command, for a short loan of one GPU machine.
 #
 #   bash benchmarks/gpu_session.sh            # writes into $OUT (default benchmarks/out)
-#   PART=2 bash benchmarks/gpu_session.sh     # only part 2 (ResIST, local SGD); PART=3: memory only
+#   PART=2 bash benchmarks/gpu_session.sh     # only part 2 (ResIST, local SGD); PART=3: memory only;
+#                                             # PART=4: GPipe and 1F1B beside FDG
 #
 # Time on an H200 (2026-11-26): parts 1 and 2 finished inside a 455 s limit that then stopped part 3, and
 # part 3 alone did not finish in 170 s (8 fresh processes, each compiling its run; its lines now come as each
@@ -52,12 +53,19 @@ fi
     $PY benchmarks/throughput.py --model=preact101 --dataset=cifar100 --batch=128 --local_steps=10 \
         --warmup=5 --iters=20 --runs=bp,localsgd:4:1,resist:4:1 --json_out="$OUT/replica.jsonl"
   fi
+  if [ "$PART" = all ] || [ "$PART" = 4 ]; then
+    stamp 'part 4: the synchronous schedules beside FDG (host_share says whether the host set the pace)'
+    $PY benchmarks/throughput.py --model=resnet56 --batch=128 --warmup=10 --iters=10 --rounds=2 \
+        --runs=bp,fdg:2:1,fdg:4:1,gpipe:2:1,1f1b:2:1,1f1b:4:1 --json_out="$OUT/sync.jsonl"
+  fi
   if [ "$PART" = all ] || [ "$PART" = 3 ]; then
     stamp 'part 3: peak memory, a process per run'
     $PY benchmarks/throughput.py --model=resnet56 --batch=128 --warmup=3 --iters=3 --isolate \
         --runs=bp,fdg:2:1,fdg:4:1,ddg:2:1,fr:2:1,dgl:2:1 --json_out="$OUT/memory.jsonl"
     $PY benchmarks/throughput.py --model=resnet56 --batch=128 --warmup=3 --iters=3 --isolate \
         --keep=recompute --runs=fdg:2:1,fdg:4:1 --json_out="$OUT/memory.jsonl"
+    $PY benchmarks/throughput.py --model=resnet56 --batch=128 --warmup=3 --iters=3 --isolate \
+        --runs=gpipe:2:1,1f1b:2:1 --json_out="$OUT/memory.jsonl"
   fi
   stamp done
 } 2>&1 | tee "$OUT/log.txt"
