@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 import optax
 from optax import contrib
@@ -130,8 +131,13 @@ def make_schedule(optim_config, steps_per_epoch: int) -> Callable[[jax.Array], j
 
   def schedule(step):
     step = jnp.asarray(step, jnp.int32)
-    passed = jnp.sum(step >= boundaries) if has_milestones else 0
-    lr = base * jnp.asarray(optim_config.decay_factor, jnp.float32) ** passed
+    if has_milestones:
+      # lax.pow, as jnp's ** takes under jit: called eagerly, ** would read the exponent back to the host
+      # (to specialise a concrete integer power), a wait for the device on every step that logs the rate
+      passed = jnp.sum(step >= boundaries)
+      lr = base * lax.pow(jnp.asarray(optim_config.decay_factor, jnp.float32), passed)
+    else:
+      lr = jnp.float32(base)
     if decay_steps:
       lr = base / jnp.sqrt(1.0 + step.astype(jnp.float32) / decay_steps)
     if kind == 'constant' and warmup_steps > 0:

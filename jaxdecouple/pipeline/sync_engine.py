@@ -52,6 +52,17 @@ class SyncStage:
     self.backward_input = jax.jit(lambda residuals, g: self._vjp(residuals, g)[1])
     self.weight = jax.jit(lambda residuals, g, total: jax.tree.map(jnp.add, total, self._vjp(residuals, g)[0]))
     self.apply = jax.jit(self._apply, donate_argnums=(0, 1))
+    self._zeros = None  # compiled by ``zeros`` for the parameters' placement
+    self.kept_bytes: int | None = None  # per device, one micro-batch's residuals (the same every iteration)
+
+  def zeros(self, params):
+    """The iteration's zero gradient sum, laid out as the parameters are, in one compiled call: zeros_like
+    leaf by leaf is one dispatch per parameter array (about 170 for ResNet-56), which on a GPU took longer
+    than the stage's passes (benchmarks/records/2026-11-26b_h200)."""
+    if self._zeros is None:
+      self._zeros = jax.jit(lambda p: jax.tree.map(jnp.zeros_like, p),
+                            out_shardings=jax.tree.map(lambda x: x.sharding, params))
+    return self._zeros(params)
 
   def _forward(self, params, stats, x, labels):
     """F: the stage's training forward of micro-batch x. Returns (output or None, new statistics, the vjp's
@@ -142,7 +153,7 @@ class SyncPipeline:
       labels = [last.where.batch(y) for y in np.split(np.asarray(batch.labels), M)]
     params = [st.params for st in state.stages]
     stats = [st.batch_stats for st in state.stages]
-    totals = [jax.tree.map(jnp.zeros_like, p) for p in params]
+    totals = [stage.zeros(p) for stage, p in zip(self.stages, params)]
     arriving, gradients, kept, waiting, metrics = {}, {}, {}, {}, []
     shapes = {}  # (stage, pass) -> (function, its arguments' shapes and shardings): for allreduce_bytes
     count = record is not None and self.allreduce_bytes is None and any(len(w.devices) > 1 for w in self.places)
@@ -163,8 +174,10 @@ class SyncPipeline:
         record(k, stage.where.devices, f'F{m}', (y, stats[k], kept[k, m], extra), x)
         held[k] += 1
         if held[k] > self.held[k]:
+          if stage.kept_bytes is None:
+            stage.kept_bytes = sum(device_bytes(r) for r in jax.tree.leaves(kept[k, m]))
           self.held[k] = held[k]
-          self.held_bytes[k] = sum(held[k] * device_bytes(r) for r in jax.tree.leaves(kept[k, m]))  # per device
+          self.held_bytes[k] = held[k] * stage.kept_bytes  # per device
         if stage.last:
           metrics.append(extra)
         else:
