@@ -9,6 +9,13 @@ array's bytes, taken from the state being saved, is written beside each step (``
 arrays. A checkpoint whose arrays do not match the config (another
 model, K or method) stops the run with a message rather than being silently ignored. A checkpoint that
 cannot be written (no space, no permission) stops the run with one line.
+
+In one process the leaves are written packed: one array per dtype (the leaves' bytes end to end, in leaf
+order) and each leaf's shape and dtype in the step's metadata (``LAYOUT_KEY``). orbax's cost is per array: a
+ResNet-8 state of 120 small arrays took 0.34 s to write one array each and 0.04 s packed (AMD EPYC core,
+2026-11-26), and a tiny run that checkpoints every few steps spent more time in orbax than in training. Over
+processes the leaves stay one global array each (each process writes its own shards). Checkpoints of either
+layout restore.
 """
 from __future__ import annotations
 
@@ -28,6 +35,31 @@ from absl import logging
 from jaxdecouple.checkpoint_files import ProcessFiles
 from jaxdecouple.errors import CheckpointError
 from jaxdecouple.processes import note_saved
+
+
+LAYOUT_KEY = 'jaxdecouple_packed_layout'  # in a packed step's custom metadata: [[shape, dtype], ...] per leaf
+
+
+def pack(host: list[np.ndarray]) -> tuple[dict[str, np.ndarray], list]:
+  """The leaves as one 1-D array per dtype (their bytes end to end, in leaf order) and their layout."""
+  groups: dict[str, list[np.ndarray]] = {}
+  for x in host:
+    groups.setdefault(x.dtype.name, []).append(x.reshape(-1))
+  return {name: np.concatenate(parts) for name, parts in groups.items()}, [[list(x.shape), x.dtype.name] for x in host]
+
+
+def unpack(packed: dict[str, np.ndarray], layout: list) -> list[np.ndarray]:
+  """``pack``'s inverse: the leaves, in order. Raises ValueError where the arrays do not hold the layout."""
+  offsets, out = dict.fromkeys(packed, 0), []
+  for shape, dtype in layout:
+    n, start = int(np.prod(shape, dtype=np.int64)), offsets.get(dtype)
+    if start is None or start + n > packed[dtype].size:
+      raise ValueError(f'the packed arrays are shorter than their layout ({dtype})')
+    out.append(packed[dtype][start:start + n].reshape(shape))
+    offsets[dtype] = start + n
+  if any(offsets[k] != v.size for k, v in packed.items()):
+    raise ValueError('the packed arrays are longer than their layout')
+  return out
 
 
 class Checkpointer:
@@ -109,7 +141,8 @@ class Checkpointer:
     self.wait()  # the previous asynchronous save: its failure is reported as its own
     with self._writing(step):
       self._forget_checksums()
-      sums = checksums(mine)
+      host = [np.asarray(x) for x in leaves] if self._packs() else None
+      sums = [_crc(h) for h in host] if host is not None else checksums(mine)
       tmp = self._checksum_path(step) + '.tmp'
       with open(tmp, 'w', encoding='utf-8') as f:
         json.dump(sums, f)
@@ -118,8 +151,25 @@ class Checkpointer:
         self._manager.save(step, [np.asarray(x) for x in mine])
         note_saved(step)  # written: the others may count on it
         return
-      self._manager.save(step, args=ocp.args.StandardSave({'leaves': leaves}), force=True)
+      if host is not None:
+        packed, layout = pack(host)
+        self._manager.save(step, args=ocp.args.StandardSave({'packed': packed}), custom_metadata={LAYOUT_KEY: layout},
+                           force=True)
+      else:
+        self._manager.save(step, args=ocp.args.StandardSave({'leaves': leaves}), force=True)
     self._pending = step
+
+  def _packs(self) -> bool:
+    """Whether this run writes its steps packed (one process: every array is whole here)."""
+    return not self.per_process and jax.process_count() == 1
+
+  def _layout(self, step: int) -> list | None:
+    """A packed step's layout ([shape, dtype] per leaf), None for a step of one array per leaf. Raises where the
+    step's metadata cannot be read."""
+    if self.per_process:
+      return None
+    custom = self._manager.metadata(step).custom_metadata or {}
+    return custom.get(LAYOUT_KEY)
 
   @contextlib.contextmanager
   def _writing(self, step: int | None):
@@ -157,15 +207,16 @@ class Checkpointer:
           except FileNotFoundError:  # another process of this run removed it first
             pass
 
-  def _verify(self, step: int, restored: list) -> None:
-    """Raises ValueError when the restored arrays' checksums differ from those written with the step."""
+  def _verify(self, step: int, restored: list, now: list | None = None) -> None:
+    """Raises ValueError when the restored arrays' checksums (``now``, else computed) differ from those written
+    with the step."""
     path = self._checksum_path(step)
     if not os.path.exists(path):
       logging.warning('checkpoint at step %d has no checksums (written by an earlier version): not verified', step)
       return
     with open(path, encoding='utf-8') as f:
       saved = json.load(f)
-    now = checksums(restored)
+    now = now if now is not None else checksums(restored)
     bad = [i for i, (a, b) in enumerate(zip(saved, now)) if a != b]
     if len(saved) != len(now) or bad:
       raise ValueError(f'the content of {len(bad) or "some"} of its {len(now)} arrays differs from its checksums '
@@ -225,7 +276,15 @@ class Checkpointer:
                              for x in mine]}
       self._check_matches(step, mine)
       try:
-        if self.per_process:  # back onto the devices of the template's arrays; the others stay placeholders
+        layout = self._layout(step)
+        if layout is not None:  # one array per dtype (pack): unpacked here, checked, then onto the template's devices
+          packed = self._manager.restore(step, args=ocp.args.StandardRestore(
+              {'packed': {k: np.empty(v.shape, v.dtype) for k, v in self._manager.item_metadata(step).tree['packed'].items()}}))
+          host = unpack(packed['packed'], layout)
+          self._verify(step, host, [_crc(h) for h in host])
+          host = [h if h.dtype == x.dtype else h.astype(x.dtype) for h, x in zip(host, leaves)]  # as orbax restores
+          restored = {'leaves': jax.device_put(host, [x.sharding for x in leaves])}
+        elif self.per_process:  # back onto the devices of the template's arrays; the others stay placeholders
           arrays = [jax.device_put(x, t.sharding) for x, t in zip(self._manager.restore(step), mine)]
           self._verify(step, arrays)
           arrays = iter(arrays)
@@ -291,19 +350,24 @@ class Checkpointer:
 
   def _check_matches(self, step: int, leaves) -> None:
     try:
-      saved = self._manager.item_metadata(step).tree['leaves'] if not self.per_process else \
-          self._manager.shapes(step)
+      layout = self._layout(step)
+      if self.per_process:
+        saved = [tuple(a.shape) for a in self._manager.shapes(step)]
+      elif layout is not None:
+        saved = [tuple(shape) for shape, _ in layout]
+      else:
+        saved = [tuple(m.shape) for m in self._manager.item_metadata(step).tree['leaves']]
     except Exception:  # unreadable metadata: restore will fail and fall back to an earlier one
       return
     if len(saved) != len(leaves):
       why = f'its state has {len(saved)} arrays, this config makes {len(leaves)}'
     else:
-      differ = [(i, s, x) for i, (s, x) in enumerate(zip(saved, leaves)) if tuple(s.shape) != tuple(x.shape)]
+      differ = [(i, s, x) for i, (s, x) in enumerate(zip(saved, leaves)) if s != tuple(x.shape)]
       if not differ:
         return
       i, s, x = differ[0]
       why = (f'{len(differ)} of its {len(saved)} arrays have other shapes, the first (array {i}) '
-             f'{tuple(s.shape)} where this config makes {tuple(x.shape)}')
+             f'{s} where this config makes {tuple(x.shape)}')
     raise CheckpointError(
         f'the checkpoint at step {step} in {self.directory} was written by a different config ({why}); '
         'resume with the config it was made with, or use another --workdir')
