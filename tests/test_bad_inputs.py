@@ -361,6 +361,10 @@ def mp_cases(tmp_path):
       ('another-method-on-process-1', {0: [], 1: fdg}, {i: (2, 'config.method: process') for i in (0, 1)}),
       ('another-number-of-stages-on-process-1', {0: fdg, 1: [*fdg, '--config.pipeline.num_stages=3']},
        {i: (2, 'config.pipeline.num_stages: process') for i in (0, 1)}),
+      ('another-batch-size-on-process-1', {0: [], 1: ['--config.batch_size=32']},
+       {i: (2, 'config.batch_size: process') for i in (0, 1)}),
+      ('another-number-of-steps-on-process-1', {0: [], 1: ['--config.max_steps=3']},
+       {i: (2, 'config.max_steps: process') for i in (0, 1)}),
       ('other-data-on-process-1', {0: [*npz, f'--config.data.path={data}'], 1: [*npz, f'--config.data.path={fewer}']},
        {i: (2, 'config.data.path: the processes read different data (training examples: process') for i in (0, 1)}),
       ('training-data-missing-on-process-1', {0: [*npz, f'--config.data.path={data}'],
@@ -380,7 +384,7 @@ def test_bad_multi_process_runs(tmp_path):
   from conftest import FAST_COMPILE_XLA_FLAGS
   from test_multiprocess import free_port
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': FAST_COMPILE_XLA_FLAGS}
-  cases, running, taken, used = mp_cases(tmp_path), [], [], set()
+  cases, running, taken, used, logs = mp_cases(tmp_path), [], [], set(), []
 
   def fresh_port():  # free now, and no other case's: nothing listens on a case's ports before it starts
     while True:
@@ -400,23 +404,35 @@ def test_bad_multi_process_runs(tmp_path):
       argv = [sys.executable, 'main.py', *MP_BASE, f'--config.distributed.coordinator=127.0.0.1:{port}',
               f'--config.distributed.process_id={i}', f'--workdir={tmp_path / "mp" / case_id / str(i)}',
               *(a.format(port=port, other_port=other_port) for a in extra if not a.startswith('TAKEN+'))]
+      log = open(tmp_path / f'mp-{case_id}-{i}.log', 'w+', encoding='utf-8')  # a file: never a full pipe
       running.append((case_id, i, time.monotonic(), subprocess.Popen(
-          argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+          argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))))
+      logs.append(log)
   bound = scaled_timeout(MP_STARTUP_S + 60)  # the agreement's timeout, start-up and the stop, on this machine
   problems, expect = [], {case_id: expected for case_id, _, expected in cases}
+  ended = {}  # process -> when it exited (polled together: each one's own time, not its turn in the list)
   try:
+    while len(ended) < len(running) and time.monotonic() < running[0][2] + bound:
+      for _, _, _, proc in running:
+        if proc not in ended and proc.poll() is not None:
+          ended[proc] = time.monotonic()
+      time.sleep(0.1)
     for case_id, i, began, proc in running:
-      try:
-        out = proc.communicate(timeout=max(1.0, began + bound - time.monotonic()))[0]
-      except subprocess.TimeoutExpired:
+      if proc not in ended:
         proc.kill()
-        out = proc.communicate()[0]
-      took = time.monotonic() - began
+      proc.wait()
+      out = (tmp_path / f'mp-{case_id}-{i}.log').read_text(encoding='utf-8')
+      took = ended.get(proc, time.monotonic()) - began
       status, words = expect[case_id][i]
       errors = [line for line in out.splitlines() if line.startswith('error:')]
       workdir = tmp_path / 'mp' / case_id / str(i)
       why = []
+      # a peer absent: the agreement's timeout and the stop; else the meeting (every case's processes start at
+      # once, so on 2 cores the last of them reaches the coordinator tens of seconds after the first) and the stop
+      limit = scaled_timeout(MP_STARTUP_S + 45 if 'joined the coordinator' in words else 45)
+      if proc.returncode != -9 and took > limit:
+        why.append(f'took {took:.0f} s, more than the {limit:.0f} s this case may take here')
       if proc.returncode != status:
         why.append(f'exit status {proc.returncode}' if proc.returncode != -9 else
                    f'killed: a hang, or {timed_out_message(MP_STARTUP_S + 60, took)}')
@@ -437,4 +453,6 @@ def test_bad_multi_process_runs(tmp_path):
       proc.kill()
     for listener in taken:
       listener.close()
+    for log in logs:
+      log.close()
   assert not problems, f'{len(problems)} of {len(running)} processes misbehaved:\n' + '\n'.join(problems)
