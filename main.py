@@ -36,7 +36,7 @@ def main(argv):
     sys.stderr.flush()
     # Not sys.exit: a checkpoint write that failed leaves orbax's background threads waiting for ever,
     # and the interpreter would wait for them at exit. Everything worth keeping is on disk by now.
-    os._exit(2)
+    os._exit(getattr(e, 'exit_code', 2))
 
 
 if __name__ == '__main__':

@@ -8,7 +8,7 @@ import time
 
 import jax
 
-from jaxdecouple.errors import ConfigError, ProcessError
+from jaxdecouple.errors import ConfigError, InterruptedWhileWaiting, ProcessError
 from jaxdecouple.processes import leave_together, reason_of
 from jaxdecouple.workdir import flat
 
@@ -16,6 +16,7 @@ from jaxdecouple.workdir import flat
 PER_PROCESS = ('distributed.process_id', 'distributed.transfer_address', 'data.path', 'data.idx_dir',
                'data.tfds_data_dir', 'data.tfds_manual_dir', 'data.imagenet_v2_dir', 'data.workers',
                'data.prefetch')
+TIMEOUT_FIELDS = {'config': 'distributed.startup_timeout_s', 'data': 'distributed.data_timeout_s'}  # per kind
 _AGREEMENTS: dict[str, int] = {}  # per kind (config, data): how many runs this process has started
 
 
@@ -69,19 +70,22 @@ def _others(kind: str, mine: dict, timeout_s: float) -> list[tuple[int, dict]]:
   _AGREEMENTS[kind] = _AGREEMENTS.get(kind, 0) + 1
   client.key_value_set(f'{key}/{me}', json.dumps(mine, sort_keys=True))
   out, deadline = [], time.monotonic() + timeout_s
-  for p in range(jax.process_count()):
-    if p == me:
-      continue
-    while True:  # a second at a time: a peer that stopped on an error of its own has published why
-      try:
-        out.append((p, json.loads(client.blocking_key_value_get(f'{key}/{p}', 1000))))
-        break
-      except Exception as e:  # noqa: BLE001  the coordination service's own error: a deadline, a lost peer
-        if (why := reason_of(p)) is not None:
-          raise ProcessError(f'another process stopped (process {p}: {why}); fix that and restart every process '
-                             'with the same --workdir') from None
-        if time.monotonic() >= deadline:
-          raise ConfigError(f'config.distributed: process {p} did not show its {kind} within {timeout_s:g} s '
-                            f'({type(e).__name__}); start every process, or raise '
-                            'config.distributed.startup_timeout_s') from None
+  field = TIMEOUT_FIELDS[kind]
+  try:
+    for p in range(jax.process_count()):
+      if p == me:
+        continue
+      while True:  # a second at a time: a peer that stopped on an error of its own has published why
+        try:
+          out.append((p, json.loads(client.blocking_key_value_get(f'{key}/{p}', 1000))))
+          break
+        except Exception as e:  # noqa: BLE001  the coordination service's own error: a deadline, a lost peer
+          if (why := reason_of(p)) is not None:
+            raise ProcessError(f'another process stopped (process {p}: {why}); fix that and restart every process '
+                               'with the same --workdir') from None
+          if time.monotonic() >= deadline:
+            raise ConfigError(f'config.{field}: process {p} did not show its {kind} within {timeout_s:g} s '
+                              f'({type(e).__name__}); start every process, or raise config.{field}') from None
+  except KeyboardInterrupt:  # Ctrl-C while waiting (the wait is a second at a time): one line, not a traceback
+    raise InterruptedWhileWaiting(f'interrupted while waiting for the other processes to show their {kind}') from None
   return out

@@ -136,7 +136,9 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.distributed.coordinator = ''   # '': one process; 'auto': jax.distributed.initialize() detects
                                    # (TPU pods, SLURM, ...); or 'HOST:PORT' with the two fields below
   c.distributed.num_processes, c.distributed.process_id = 1, 0
-  c.distributed.startup_timeout_s = 60.0  # how long a process waits for the others' configs at start-up
+  c.distributed.startup_timeout_s = 30.0  # how long a process waits for the others to join and show their configs
+  c.distributed.data_timeout_s = 600.0  # how long a process waits for the others to load their data (a host may
+  # decode a data set for minutes; a peer that fails says why at once, and a dead one misses its heartbeats)
   c.distributed.heartbeat_timeout_s = 30.0  # a process silent this long is declared dead (JAX's default: 100)
   c.distributed.transfer_address = ''  # pipelines, resist: HOST:PORT where this process receives transfers; '':
   # its address toward the coordinator, port = the coordinator's + 1 + process_id (with 'auto': required)

@@ -176,6 +176,8 @@ def validate(config) -> None:
       fail('distributed.num_processes', f'must be at least 2 with a coordinator, got {d.num_processes}')
     if not d.startup_timeout_s > 0:
       fail('distributed.startup_timeout_s', f'must be positive, got {d.startup_timeout_s}')
+    if not d.data_timeout_s > 0:
+      fail('distributed.data_timeout_s', f'must be positive, got {d.data_timeout_s}')
     if not d.heartbeat_timeout_s >= 1:
       fail('distributed.heartbeat_timeout_s', f'must be at least 1 (seconds), got {d.heartbeat_timeout_s}')
     if not 0 <= d.process_id < d.num_processes:

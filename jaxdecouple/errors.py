@@ -25,6 +25,11 @@ class ProcessError(JaxDecoupleError):
   """Another process of a multi-process run did not answer in time (it died or hangs)."""
 
 
+class InterruptedWhileWaiting(JaxDecoupleError):
+  """Ctrl-C while a process waited for the others at start-up: one line, exit status 130 (as for SIGINT)."""
+  exit_code = 130
+
+
 class WorkdirError(JaxDecoupleError):
   """The work directory cannot be used: not a writable folder, or in use by another run."""
 

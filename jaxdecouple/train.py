@@ -118,7 +118,7 @@ class Loop:
   def __init__(self, config, workdir: str, checkpointer: Checkpointer):
     self.config, self.workdir, self.checkpointer = config, workdir, checkpointer
     self.dataset = dataset = hold_out(load_dataset(config.data, config.dataset), config.data.holdout)
-    agree_on_data(dataset, config.distributed.startup_timeout_s)
+    agree_on_data(dataset, config.distributed.data_timeout_s)
     if config.batch_size > len(dataset.x_train):
       fail('batch_size', f'{config.batch_size} exceeds the {len(dataset.x_train)} training examples of {config.dataset}')
     self.setup = build_setup(config, dataset)

@@ -95,6 +95,10 @@ def test_cli_bad_override_is_one_line(override, message, tmp_path):
       'distributed.transfer_address': 'nohost'}, 'config.distributed.transfer_address: must be'),
     ({'method': 'fdg', 'distributed.coordinator': 'h:1', 'distributed.num_processes': 2,
       'pipeline.diagnose_every_steps': 5}, 'config.pipeline.diagnose_every_steps: .* runs in one process'),
+    ({'method': 'localsgd', 'distributed.coordinator': 'h:1', 'distributed.num_processes': 2,
+      'distributed.startup_timeout_s': 0.0}, 'config.distributed.startup_timeout_s: must be positive'),
+    ({'method': 'localsgd', 'distributed.coordinator': 'h:1', 'distributed.num_processes': 2,
+      'distributed.data_timeout_s': -1.0}, 'config.distributed.data_timeout_s: must be positive'),
 ])
 def test_bad_multi_process_settings_name_the_field(overrides, message):
   with pytest.raises(ConfigError, match=message):

@@ -47,3 +47,66 @@ def test_ctrl_c_while_waiting_for_the_others_stops_at_once(tmp_path):
   assert proc.returncode == 130 and time.monotonic() - sent <= scaled_timeout(5), (''.join(lines) + out)[-2000:]
   assert len(errors(out)) == 1 and errors(out)[0].startswith(
       'error: interrupted while waiting for the other processes to join the coordinator at 127.0.0.1:'), out[-2000:]
+
+
+class _Coordinator:
+  """The coordinator's key-value store as the agreement sees it, for one peer (process 1) that never shows
+  anything: each wait raises what the real client raises, ``waiting`` (a deadline, or Ctrl-C)."""
+
+  def __init__(self, waiting):
+    self.waiting, self.published = waiting, {}
+
+  def key_value_set(self, key, value):
+    self.published[key] = value
+
+  def blocking_key_value_get(self, key, timeout_ms):
+    raise self.waiting
+
+  def key_value_try_get(self, key):
+    raise KeyError(key)  # process 1 published no reason of its own
+
+
+def _as_process_0_of_2(monkeypatch, waiting):
+  import jax
+  from jax._src import distributed
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(jax, 'process_index', lambda: 0)
+  monkeypatch.setattr(distributed.global_state, 'client', _Coordinator(waiting))
+
+
+def test_ctrl_c_in_the_agreement_is_one_line_with_the_interrupt_status(monkeypatch):
+  """After the join, a process waits for the others' configs a second at a time, before any signal handler of the
+  run is installed; Ctrl-C there (before: a KeyboardInterrupt traceback) is one line, and main.py exits with the
+  error's status, 130."""
+  import pytest
+  from jaxdecouple.agreement import agree_on_config
+  from jaxdecouple.errors import InterruptedWhileWaiting, JaxDecoupleError
+  from conftest import tiny_config
+  _as_process_0_of_2(monkeypatch, KeyboardInterrupt())
+  with pytest.raises(InterruptedWhileWaiting, match='interrupted while waiting for the other processes to show '
+                     'their config') as raised:
+    agree_on_config(tiny_config(), 30.0)
+  assert isinstance(raised.value, JaxDecoupleError) and raised.value.exit_code == 130
+
+
+def test_each_agreement_names_its_own_bound(monkeypatch):
+  """The configs are shown right after the join (``startup_timeout_s``, 30 s by default); the data only once each
+  host has loaded it, which may take minutes (``data_timeout_s``, 600 s): each wait's line names its field."""
+  import numpy as np
+  import pytest
+  from jaxdecouple.agreement import agree_on_config, agree_on_data
+  from jaxdecouple.config import get_default_config
+  from jaxdecouple.errors import ConfigError
+  from conftest import tiny_config
+  assert get_default_config().distributed.startup_timeout_s == 30.0
+  assert get_default_config().distributed.data_timeout_s == 600.0
+  _as_process_0_of_2(monkeypatch, RuntimeError('DEADLINE_EXCEEDED'))
+  with pytest.raises(ConfigError, match=r'config.distributed.startup_timeout_s: process 1 did not show its config '
+                     r'within 0.01 s .* raise config.distributed.startup_timeout_s'):
+    agree_on_config(tiny_config(), 0.01)
+
+  class Data:
+    x_train, x_test, num_classes = np.zeros((4, 2, 2, 3), np.uint8), np.zeros((2, 2, 2, 3), np.uint8), 10
+  with pytest.raises(ConfigError, match=r'config.distributed.data_timeout_s: process 1 did not show its data '
+                     r'within 0.01 s .* raise config.distributed.data_timeout_s'):
+    agree_on_data(Data(), 0.01)
