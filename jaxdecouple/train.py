@@ -45,6 +45,8 @@ class RunResult:
   last_eval: dict | None
   workdir: str
   total_steps: int = 0
+  stop_requested: bool = False  # a SIGTERM or Ctrl-C came, even one as the last step's checkpoint was written:
+  # a caller that runs one run after another (the study runner) starts no further run
 
   @property
   def finished(self) -> bool:
@@ -105,11 +107,13 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
       checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'), config.keep_checkpoints,
                                   per_process=METHODS[config.method].pipelined)
       try:
-        return Loop(config, workdir, checkpointer).run(stop)
+        result = Loop(config, workdir, checkpointer).run(stop)
       finally:
         checkpointer.close()  # waits for the last save
     finally:
       lock.release()
+    result.stop_requested = stop.requested
+    return result
 
 
 class Loop:

@@ -3,6 +3,7 @@ import dataclasses
 import json
 import os
 import queue
+import signal
 import time
 
 import pytest
@@ -209,6 +210,29 @@ def test_no_run_starts_that_would_end_after_finish_by(tmp_path):
   train_and_evaluate(partial, study_lib.run_dir(workdir, study.runs[1]))
   assert study_lib.run_study(study, workdir, max_runs=1, finish_by_s=took[0] * 50, log=said.append)['ran'] == 1
   assert study_lib.is_finished(workdir, study.runs[1]) and study_lib.whole_run_seconds(study, workdir) == took
+
+
+def test_a_sigterm_as_a_run_ends_stops_the_study_after_that_run(tmp_path, monkeypatch):
+  """A command's time limit (or a preemption) sends SIGTERM; one that lands while the last step's checkpoint
+  is written finds the run done. The run is recorded as finished, and no further run starts (it would be cut
+  short, its checkpoints lost with the machine); the next call goes on with the rest."""
+  from jaxdecouple import train as train_module
+  close = train_module.Checkpointer.close
+  sent = []
+
+  def close_with_a_sigterm(self):
+    if not sent:
+      sent.append(1)
+      os.kill(os.getpid(), signal.SIGTERM)  # the StopSignal handler takes it: no exit
+    return close(self)
+  monkeypatch.setattr(train_module.Checkpointer, 'close', close_with_a_sigterm)
+  study = study_lib.STUDIES['tiny']()
+  workdir, said = str(tmp_path / 'study'), []
+  assert study_lib.run_study(study, workdir, log=said.append) == {'finished': 1, 'ran': 1, 'left': 3}
+  assert sent and study_lib.is_finished(workdir, study.runs[0])
+  assert 'no further run started' in said[-1] and study.runs[0].name in said[-1]
+  assert not os.path.exists(study_lib.run_dir(workdir, study.runs[1]))
+  assert study_lib.run_study(study, workdir, max_runs=1, log=said.append) == {'finished': 2, 'ran': 1, 'left': 2}
 
 
 def test_cli_wants_the_data_file_a_study_needs_before_it_starts(tmp_path, capsys):

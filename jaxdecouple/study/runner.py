@@ -210,6 +210,11 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
                                              **({'whole_run_seconds': round(time.time() - began, 1)} if whole else {})})
       if not keep_checkpoints:
         shutil.rmtree(os.path.join(where, 'checkpoints'), ignore_errors=True)
+      if result.stop_requested:  # the signal came as the run's last checkpoint was written: it is done, and
+        # the machine is going away (a preemption, a command's time limit), so start nothing that would be cut
+        log(f'{run.name} finished as a stop was asked for (SIGTERM or Ctrl-C); no further run started: run the '
+            'same command again to go on')
+        break
     finally:
       release(where)
   done = sum(is_finished(workdir, r) for r in study.runs)
