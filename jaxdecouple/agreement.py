@@ -9,7 +9,7 @@ import time
 import jax
 
 from jaxdecouple.errors import ConfigError, InterruptedWhileWaiting, ProcessError
-from jaxdecouple.processes import leave_together, reason_of
+from jaxdecouple.processes import heard, leave_together, reason_of
 from jaxdecouple.workdir import flat
 
 # Fields each process may set its own way: who it is, where it listens, where its host keeps the data.
@@ -81,6 +81,7 @@ def _others(kind: str, mine: dict, timeout_s: float) -> list[tuple[int, dict]]:
           break
         except Exception as e:  # noqa: BLE001  the coordination service's own error: a deadline, a lost peer
           if (why := reason_of(p)) is not None:
+            heard(p)  # the process that published it may host the coordination service: it waits for this
             raise ProcessError(f'another process stopped (process {p}: {why}); fix that and restart every process '
                                'with the same --workdir') from None
           if time.monotonic() >= deadline:

@@ -168,6 +168,15 @@ def validate(config) -> None:
       fail('resume_changes', f'{field!r} is not a config field (give dotted names, e.g. optim.learning_rate)')
   _positive(config, 'pipeline.diagnose_every_steps', allow_zero=True)
   data.validate(config)
+  validate_distributed(config)
+  if config.distributed.coordinator and config.pipeline.diagnose_every_steps:
+    fail('pipeline.diagnose_every_steps', 'compares stages with back-propagation on one device, so it runs in one '
+         'process; leave it at 0 in a multi-process run')
+
+
+def validate_distributed(config) -> None:
+  """The ``distributed`` section alone: whether this process can join its run. A process whose other fields
+  fail still joins when these hold, to tell the others why it stops (``process_start.stop_before_work``)."""
   d = config.distributed
   if d.coordinator not in ('', 'auto'):
     if ':' not in d.coordinator:
@@ -184,6 +193,3 @@ def validate(config) -> None:
       fail('distributed.process_id', f'must be in [0, {d.num_processes}), got {d.process_id}')
   if d.transfer_address and (':' not in d.transfer_address or not d.transfer_address.rsplit(':', 1)[1].isdigit()):
     fail('distributed.transfer_address', f"must be '' (automatic) or HOST:PORT, got {d.transfer_address!r}")
-  if d.coordinator and config.pipeline.diagnose_every_steps:
-    fail('pipeline.diagnose_every_steps', 'compares stages with back-propagation on one device, so it runs in one '
-         'process; leave it at 0 in a multi-process run')

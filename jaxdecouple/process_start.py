@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 import threading
+import types
 import time
 
 import jax
@@ -42,9 +43,10 @@ def stop_now(line: str, code: int) -> None:
   os._exit(code)
 
 
-def join_bounded(d) -> None:
+def join_bounded(d, stopping: str = '') -> None:
   """``jax.distributed.initialize`` in a thread, watched: every process must join within
-  ``d.startup_timeout_s``; Ctrl-C stops the wait."""
+  ``d.startup_timeout_s``; Ctrl-C stops the wait. ``stopping``: the line of a process that joins only to tell
+  the others why it stops (``stop_before_work``); a wait that ends early ends with that line."""
   beat = max(1, int(round(d.heartbeat_timeout_s)))  # how soon the coordination service declares a silent process dead
   # JAX's own deadline comes after ours, so that ours (one line) is the one that fires
   kwargs = {'heartbeat_timeout_seconds': beat, 'initialization_timeout': int(d.startup_timeout_s) + 60}
@@ -67,11 +69,14 @@ def join_bounded(d) -> None:
   try:
     while not done.wait(0.2):
       if time.monotonic() > deadline:
+        if stopping:
+          stop_now(stopping, 2)
         stop_now(f'config.distributed: not every one of the {d.num_processes} processes joined {where} within '
                  f'{d.startup_timeout_s:g} s (this is process {d.process_id}); start every process with the same '
                  '--config.distributed.coordinator and num_processes, or raise distributed.startup_timeout_s', 2)
   except KeyboardInterrupt:
-    stop_now(f'interrupted while waiting for the other processes to join {where}', 130)
+    stop_now(f'{stopping + "; " if stopping else ""}interrupted while waiting for the other processes to join '
+             f'{where}', 130)
   if failed:
     raise ConfigError(f'config.distributed: joining {where} failed: {str(failed[0]).splitlines()[0][:200]}') \
         from None
@@ -92,7 +97,7 @@ def transfer_address(d) -> str:
   return f'{here}:{int(port) + 1 + d.process_id}'
 
 
-def start_processes(d, transfers: bool = False) -> None:
+def start_processes(d, transfers: bool = False, stopping: str = '') -> None:
   """Joins a multi-process run (config.distributed) before JAX computes anything; on CPUs the
   collectives between processes go through gloo; pipeline stages in different processes send their
   messages, and ResIST its blocks, with JAX's cross-process transfers, which listen on ``transfer_address``."""
@@ -108,6 +113,31 @@ def start_processes(d, transfers: bool = False) -> None:
     if transfers:
       check_port_free(transfer_address(d), 'distributed.transfer_address',
                       f"process {d.process_id}'s transfer port (the coordinator's + 1 + process id by default)")
-  join_bounded(d)
+  join_bounded(d, stopping)
   logging.info('process %d of %d; %d local devices, %d in all', jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.device_count())
+
+
+def stop_before_work(d, error) -> None:
+  """A process of a multi-process run whose config fails its checks (``error``, a ConfigError) joins the run
+  anyway when its ``distributed`` section holds, publishes its one line for the others and waits until they
+  have read it, so that they stop at once with that line (``agreement``: another process stopped, process N:
+  ...) rather than after their start-up timeout with only "not every one joined". Its own line comes first,
+  at once; the join is bounded as every join is, and so is the wait for the others to read the line. A
+  process that cannot join (its ``distributed`` section is the problem) stops alone."""
+  from jaxdecouple.config_checks import validate_distributed
+  from jaxdecouple.processes import tell_the_others, until_heard
+  if not d.coordinator:
+    return
+  try:
+    validate_distributed(types.SimpleNamespace(distributed=d))
+  except ConfigError:
+    return
+  logging.error('%s; telling the other processes before stopping (waiting at most %g s for them to join)', error,
+                d.startup_timeout_s)
+  try:
+    start_processes(d, stopping=str(error))
+  except ConfigError:  # the join itself failed: the others learn of it from their own timeout
+    return
+  tell_the_others(str(error))
+  until_heard(d.startup_timeout_s)

@@ -149,6 +149,30 @@ def reason_of(process: int) -> str | None:
     return None
 
 
+def heard(process: int) -> None:
+  """Tells ``process`` that this one has read why it stopped (``reason_of``; see ``until_heard``)."""
+  from jax._src import distributed
+  try:
+    distributed.global_state.client.key_value_set(f'jaxdecouple/heard/{process}/{jax.process_index()}', '1')
+  except Exception:  # noqa: BLE001  best effort: the stop goes on
+    pass
+
+
+def until_heard(timeout_s: float) -> None:
+  """Waits, at most ``timeout_s``, until every other process has read this one's line (``heard``): process 0
+  hosts the coordination service, and leaving at once would take the line away before the others read it."""
+  from jax._src import distributed
+  deadline = time.monotonic() + timeout_s
+  for p in range(jax.process_count()):
+    if p == jax.process_index():
+      continue
+    try:
+      distributed.global_state.client.blocking_key_value_get(
+          f'jaxdecouple/heard/{jax.process_index()}/{p}', max(1, int((deadline - time.monotonic()) * 1000)))
+    except Exception:  # noqa: BLE001  a deadline or a lost peer: it learns of the stop some other way
+      return
+
+
 def tell_the_others(line: str) -> None:
   """Publishes why this process stops (its one error line) in the coordinator's key-value store, so that a
   peer left waiting for it can say why instead of only that it went away."""

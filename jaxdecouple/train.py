@@ -23,13 +23,13 @@ from jaxdecouple.clock import Clock, epoch_clock_at, itstime
 from jaxdecouple.data import TrainOrder, load_dataset, preprocess_for
 from jaxdecouple.data.holdout import hold_out
 from jaxdecouple.data.stream import BlankImages, Prefetcher
-from jaxdecouple.errors import DivergenceError, fail
+from jaxdecouple.errors import ConfigError, DivergenceError, fail
 from jaxdecouple.evaluate import Evaluator
 from jaxdecouple.memory import peak_memory
 from jaxdecouple.methods import METHODS, Method, Setup, validate
 from jaxdecouple.models import build_model, count_params
 from jaxdecouple.optim import make_optimizer, make_schedule
-from jaxdecouple.process_start import start_processes
+from jaxdecouple.process_start import start_processes, stop_before_work
 from jaxdecouple.agreement import agree_on_config, agree_on_data
 from jaxdecouple.processes import StopSignal, agree_on_failure, peers_watched
 from jaxdecouple.workdir import open_workdir, write_config
@@ -97,7 +97,11 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
   Running again with the same workdir resumes from its latest checkpoint and, given the same
   config, ends exactly where an uninterrupted run ends.
   """
-  validate(config)
+  try:
+    validate(config)
+  except ConfigError as e:  # across processes the others learn why before this one stops
+    stop_before_work(config.distributed, e)
+    raise
   use_cpu_devices(config.cpu_devices)
   start_processes(config.distributed, transfers=METHODS[config.method].transfers)
   agree_on_config(config, config.distributed.startup_timeout_s)

@@ -367,6 +367,15 @@ def mp_cases(tmp_path):
        {i: (2, 'config.max_steps: process') for i in (0, 1)}),
       ('other-data-on-process-1', {0: [*npz, f'--config.data.path={data}'], 1: [*npz, f'--config.data.path={fewer}']},
        {i: (2, 'config.data.path: the processes read different data (training examples: process') for i in (0, 1)}),
+      # a config value that fails its checks on one process: it joins anyway to tell the others (process 0
+      # hosts the coordination service, so it leaves only once the other has read its line)
+      ('bad-value-on-process-1', {0: [], 1: ['--config.batch_size=0']},
+       {0: (2, 'another process stopped (process 1: config.batch_size: must be positive, got 0)'),
+        1: (2, 'config.batch_size: must be positive, got 0')}),
+      ('bad-value-on-process-0', {0: ['--config.optim.learning_rate=-1'], 1: []},
+       {0: (2, 'config.optim.learning_rate: must be positive'),
+        1: (2, 'another process stopped (process 0: config.optim.learning_rate: must be positive')}),
+      ('bad-value-and-no-peer', {1: ['--config.batch_size=0']}, {1: (2, 'config.batch_size: must be positive, got 0')}),
       ('training-data-missing-on-process-1', {0: [*npz, f'--config.data.path={data}'],
                                               1: [*npz, f'--config.data.path={missing}']},
        {0: (2, f'another process stopped (process 1: data.path={missing} does not exist)'),
