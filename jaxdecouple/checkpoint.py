@@ -34,7 +34,7 @@ from absl import logging
 
 from jaxdecouple.checkpoint_files import ProcessFiles
 from jaxdecouple.errors import CheckpointError
-from jaxdecouple.processes import note_saved
+from jaxdecouple.processes import leave_together, note_saved
 
 
 LAYOUT_KEY = 'jaxdecouple_packed_layout'  # in a packed step's custom metadata: [[shape, dtype], ...] per leaf
@@ -235,6 +235,7 @@ class Checkpointer:
     common = sorted(set.intersection(*map(set, held)))
     if not common and any(held):
       holders = '; '.join(f'process {p}: {", ".join(map(str, s)) or "none"}' for p, s in enumerate(held))
+      leave_together()  # every process finds it: the first to exit (the service's host) must not abort the others
       raise CheckpointError(f'the processes share no checkpoint step to resume from ({holders}); put back the '
                             'missing checkpoints, or remove every process\'s checkpoints folder to start afresh')
     return common

@@ -12,7 +12,8 @@ RUN is NAME:METHOD:K:STEPS[:ckpt=N][:die=P@S][:dp=D] (K: stages, or ResIST's wor
 ckpt: a checkpoint every N steps,
 else only at the end; die: process P kills itself right after its checkpoint at step S is written, as a crashed
 machine would). A NAME ending in _stream trains on streamed JPEGs (dataset
-imagenet) from the folder in $STREAM_FOLDER."""
+imagenet) from the folder in $STREAM_FOLDER. A run that stops on one of the library's errors prints its one
+line and leaves with ``os._exit``, as main.py does."""
 import os
 import signal
 import sys
@@ -93,4 +94,9 @@ def main(process_id: int, port: int, workdir: str, out: str, runs: list[str]):
 
 if __name__ == '__main__':
   jax.config.update('jax_num_cpu_devices', int(sys.argv[3]))  # before JAX starts
-  main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[4], sys.argv[5], sys.argv[6:])
+  from jaxdecouple.errors import JaxDecoupleError
+  try:
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[4], sys.argv[5], sys.argv[6:])
+  except JaxDecoupleError as e:  # as main.py does: one line, and out at once (docs/DISTRIBUTED.md, "library")
+    print(f'error: {e}', file=sys.stderr, flush=True)
+    os._exit(getattr(e, 'exit_code', 2))
