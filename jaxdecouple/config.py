@@ -139,7 +139,7 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.distributed.startup_timeout_s = 30.0  # how long a process waits for the others to join and show their configs
   c.distributed.data_timeout_s = 600.0  # how long a process waits for the others to load their data (a host may
   # decode a data set for minutes; a peer that fails says why at once, and a dead one misses its heartbeats)
-  c.distributed.heartbeat_timeout_s = 30.0  # a process silent this long is declared dead (JAX's default: 100)
+  c.distributed.heartbeat_timeout_s = 30.0  # a peer silent this long stops the others with a line (liveness.py)
   c.distributed.transfer_address = ''  # pipelines, resist: HOST:PORT where this process receives transfers; '':
   # its address toward the coordinator, port = the coordinator's + 1 + process_id (with 'auto': required)
   return c

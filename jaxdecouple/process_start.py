@@ -47,7 +47,9 @@ def join_bounded(d, stopping: str = '') -> None:
   """``jax.distributed.initialize`` in a thread, watched: every process must join within
   ``d.startup_timeout_s``; Ctrl-C stops the wait. ``stopping``: the line of a process that joins only to tell
   the others why it stops (``stop_before_work``); a wait that ends early ends with that line."""
-  beat = max(1, int(round(d.heartbeat_timeout_s)))  # how soon the coordination service declares a silent process dead
+  # how soon JAX's coordination service declares a silent process dead and aborts the others: after our own
+  # watch (liveness.py) has stopped them with a line, at distributed.heartbeat_timeout_s
+  beat = int(round(2 * d.heartbeat_timeout_s)) + 10
   # JAX's own deadline comes after ours, so that ours (one line) is the one that fires
   kwargs = {'heartbeat_timeout_seconds': beat, 'initialization_timeout': int(d.startup_timeout_s) + 60}
   if d.coordinator != 'auto':

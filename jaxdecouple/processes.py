@@ -191,9 +191,9 @@ def peers_watched(heartbeat_s: float):
   reset by peer'); that becomes a ProcessError naming the dead process, with the reason it published if it
   stopped on an error of its own (``tell_the_others``), so that every survivor stops with one line well
   within a minute, its last checkpoint untouched, naming the newest step every process wrote
-  (``note_saved``). A survivor waiting elsewhere is ended by JAX's coordination service at the heartbeat
-  timeout (``distributed.heartbeat_timeout_s``). This process's own error is
-  published for the others. Other runtime errors pass through unchanged."""
+  (``note_saved``). A survivor waiting elsewhere (or for a peer that hangs) is stopped by its watch
+  (``liveness.py``) at ``distributed.heartbeat_timeout_s``. This process's own error is published for the
+  others. Other runtime errors pass through unchanged."""
   try:
     yield
   except JaxDecoupleError as e:  # this process stops with one line: the others learn why

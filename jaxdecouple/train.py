@@ -25,6 +25,7 @@ from jaxdecouple.data.holdout import hold_out
 from jaxdecouple.data.stream import BlankImages, Prefetcher
 from jaxdecouple.errors import ConfigError, DivergenceError, fail
 from jaxdecouple.evaluate import Evaluator
+from jaxdecouple.liveness import watch
 from jaxdecouple.memory import peak_memory
 from jaxdecouple.methods import METHODS, Method, Setup, validate
 from jaxdecouple.models import build_model, count_params
@@ -105,7 +106,8 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
   use_cpu_devices(config.cpu_devices)
   start_processes(config.distributed, transfers=METHODS[config.method].transfers)
   agree_on_config(config, config.distributed.startup_timeout_s)
-  with StopSignal(jax.process_count() > 1) as stop, peers_watched(config.distributed.heartbeat_timeout_s):
+  with StopSignal(jax.process_count() > 1) as stop, peers_watched(config.distributed.heartbeat_timeout_s), \
+      watch(config.distributed.heartbeat_timeout_s):
     lock = open_workdir(config, workdir, jax.process_index() if jax.process_count() > 1 else None)
     try:
       checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'), config.keep_checkpoints,
