@@ -9,7 +9,7 @@ import time
 import jax
 
 from jaxdecouple.errors import ConfigError, InterruptedWhileWaiting, ProcessError
-from jaxdecouple.processes import heard, leave_together, reason_of
+from jaxdecouple.processes import INTERRUPTED, heard, leave_together, reason_of
 from jaxdecouple.workdir import flat
 
 # Fields each process may set its own way: who it is, where it listens, where its host keeps the data.
@@ -84,6 +84,9 @@ def _others(kind: str, mine: dict, timeout_s: float) -> list[tuple[int, dict]]:
             heard(p)  # the process that published it may host the coordination service: it waits for this
             raise ProcessError(f'another process stopped (process {p}: {why}); fix that and restart every process '
                                'with the same --workdir') from None
+          if INTERRUPTED.is_set():  # Ctrl-C once the run's handler is in (waiting for the data): the others
+            # learn why from this process's line (processes.peers_watched publishes it)
+            raise InterruptedWhileWaiting(f'interrupted while waiting for the other processes to show their {kind}')
           if time.monotonic() >= deadline:
             raise ConfigError(f'config.{field}: process {p} did not show its {kind} within {timeout_s:g} s '
                               f'({type(e).__name__}); start every process, or raise config.{field}') from None

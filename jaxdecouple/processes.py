@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import signal
+import threading
 import time
 
 import jax
@@ -224,6 +225,10 @@ def peers_watched(heartbeat_s: float):
                        f'killed; {resume}') from None
 
 
+INTERRUPTED = threading.Event()  # across processes: a Ctrl-C came during this run (``StopSignal``); a process
+# still waiting for the others' data (``agreement``) stops at once rather than at the first step
+
+
 class StopSignal:
   """Turns SIGTERM (preemption) and Ctrl-C (SIGINT) into a clean stop after the current step, with a
   checkpoint. Across processes, JAX's preemption service catches SIGTERM in whichever process receives it and
@@ -249,6 +254,7 @@ class StopSignal:
     """Installed for the whole run and removed only after the last checkpoint is written, so any number
     of SIGTERMs (or Ctrl-Cs) saves once and stops once."""
     self._previous = {}
+    INTERRUPTED.clear()
     for sig in (signal.SIGINT,) if self._processes else (signal.SIGTERM, signal.SIGINT):
       try:  # across processes JAX's preemption notifier has SIGTERM; a Python handler would take it away
         self._previous[sig] = signal.signal(sig, self._handler)
@@ -258,6 +264,7 @@ class StopSignal:
 
   def _handler(self, signum, frame):
     if self._processes:  # the agreed stop: JAX's preemption notifier holds SIGTERM (``poll`` sees it)
+      INTERRUPTED.set()
       if not self._forwarded:
         logging.warning('%s received: every process saves a checkpoint at an agreed step and stops',
                         signal.Signals(signum).name)

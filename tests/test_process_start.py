@@ -110,3 +110,31 @@ def test_each_agreement_names_its_own_bound(monkeypatch):
   with pytest.raises(ConfigError, match=r'config.distributed.data_timeout_s: process 1 did not show its data '
                      r'within 0.01 s .* raise config.distributed.data_timeout_s'):
     agree_on_data(Data(), 0.01)
+
+
+def test_ctrl_c_while_waiting_for_the_others_data_stops_at_once(monkeypatch):
+  """Loading the data happens inside the run, where a Ctrl-C is the run's agreed stop (handed to JAX's
+  preemption service as this process's SIGTERM) and was taken only at the first step, once every process had
+  shown its data, possibly minutes later. Now the wait for the others' data ends at once with one line, exit 130
+  (the others learn why from it)."""
+  import signal
+  import numpy as np
+  import pytest
+  from jaxdecouple import processes
+  from jaxdecouple.agreement import agree_on_data
+  from jaxdecouple.errors import InterruptedWhileWaiting
+  _as_process_0_of_2(monkeypatch, RuntimeError('DEADLINE_EXCEEDED'))  # process 1 still loading
+  forwarded = []
+  monkeypatch.setattr(processes.os, 'kill', lambda pid, sig: forwarded.append(sig))  # JAX's service is absent here
+
+  class Data:
+    x_train, x_test, num_classes = np.zeros((4, 2, 2, 3), np.uint8), np.zeros((2, 2, 2, 3), np.uint8), 10
+  with processes.StopSignal(processes=True) as stop:
+    stop._handler(signal.SIGINT, None)  # the Ctrl-C, as the installed handler receives it
+    assert forwarded == [signal.SIGTERM]  # the agreed stop is still asked for
+    with pytest.raises(InterruptedWhileWaiting, match='interrupted while waiting for the other processes to show '
+                       'their data') as raised:
+      agree_on_data(Data(), 600.0)
+  assert raised.value.exit_code == 130
+  with processes.StopSignal(processes=True):  # a new run starts uninterrupted
+    assert not processes.INTERRUPTED.is_set()
