@@ -47,10 +47,11 @@ def finish(procs, timeout=300):
 
 
 def sigterm_process_1_once(procs, pattern: str, at_least: int, run: str, tmp_path, steps: int,
-                           sig: int = signal.SIGTERM) -> int:
+                           sig: int = signal.SIGTERM, to: tuple[int, ...] = (1,)) -> int:
   """Waits until process 1 has written a checkpoint file matching ``pattern`` (its name starting with the
-  step) for a step of at least ``at_least``, sends ``sig`` (SIGTERM, or SIGINT: Ctrl-C) to process 1 alone,
-  and returns the step both processes stopped at (checked to be one step, before the end)."""
+  step) for a step of at least ``at_least``, sends ``sig`` (SIGTERM, or SIGINT: Ctrl-C) to process 1 alone
+  (or to the processes ``to``, at once, as a terminal's Ctrl-C reaches every process it started), and returns
+  the step both processes stopped at (checked to be one step, before the end)."""
   start = time.time()
   deadline = start + scaled_timeout(300)
   while not [f for f in glob.glob(pattern) if int(os.path.basename(f).split('.')[0]) >= at_least]:
@@ -60,7 +61,8 @@ def sigterm_process_1_once(procs, pattern: str, at_least: int, run: str, tmp_pat
       timed_out(300, time.time() - start, f'waiting for a checkpoint of step {at_least} or later', finish(procs)[1])
     assert procs[1].poll() is None, finish(procs)[1]
     time.sleep(0.05)
-  procs[1].send_signal(sig)  # one process only
+  for i in to:
+    procs[i].send_signal(sig)
   codes, logs = finish(procs)
   assert codes == [0, 0], logs
   stopped = [int(np.load(tmp_path / f'p{i}_{run}.npz')['__step__']) for i in range(2)]
@@ -188,15 +190,17 @@ def test_a_killed_process_and_a_sigterm_resume_exactly_with_a_workdir_per_host(t
   assert_same(tmp_path / 'end1_r.npz', tmp_path / 'ref_r.npz')
 
 
-def test_a_ctrl_c_to_one_resist_process_stops_both_at_one_step(tmp_path):
-  """ResIST, 2 workers on 2 processes (blocks travel between them every 2 steps): a Ctrl-C (SIGINT) to process
-  1 alone, whatever step it has reached, stops both at the same step with a checkpoint (neither is left
-  waiting in a transfer or an all-reduce), as a SIGTERM does (the pipeline kill/SIGTERM test below). (That a
-  2-process ResIST run resumes exactly from its checkpoints: tests/test_multiprocess.py.)"""
+def test_a_ctrl_c_to_both_resist_processes_stops_both_at_one_step(tmp_path):
+  """ResIST, 2 workers on 2 processes (blocks travel between them every 2 steps): a Ctrl-C (SIGINT) to both
+  processes at once, as a terminal sends it to every process it started (the issue saw one handler never run),
+  whatever step each has reached, stops both at the same step with a checkpoint (neither is left waiting in a
+  transfer or an all-reduce), as a SIGTERM to one does (the pipeline kill/SIGTERM test above). The handler is
+  the same whether one process or both receive it (processes.StopSignal). (That a 2-process ResIST run resumes
+  exactly from its checkpoints: tests/test_multiprocess.py.)"""
   steps, ckpt = 60, tmp_path / 'w' / 'rs' / 'checkpoints'
   procs = start(tmp_path, 1, [f'rs:resist:2:{steps}:ckpt=2'])
   stopped = sigterm_process_1_once(procs, str(ckpt / 'checksums' / '*.process_1.json'), 6, 'rs', tmp_path, steps,
-                                   sig=signal.SIGINT)
+                                   sig=signal.SIGINT, to=(0, 1))
   for i in range(2):
     assert os.path.exists(ckpt / 'checksums' / f'{stopped}.process_{i}.json')
 
