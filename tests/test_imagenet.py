@@ -405,7 +405,8 @@ def test_a_dead_decoding_process_stops_with_one_line(folder, monkeypatch):
 
 
 def _decoders(parent: int) -> list[int]:
-  """The live decoding processes ``parent`` spawned (multiprocessing's spawned children), from /proc."""
+  """The live decoding processes ``parent`` spawned (multiprocessing's spawned children) and its resource
+  tracker, if it started one, from /proc."""
   out = []
   for pid in filter(str.isdigit, os.listdir('/proc')):
     try:
@@ -415,7 +416,7 @@ def _decoders(parent: int) -> list[int]:
         cmdline = f.read()
     except OSError:
       continue
-    if int(fields[1]) == parent and fields[0] != 'Z' and b'spawn_main' in cmdline:
+    if int(fields[1]) == parent and fields[0] != 'Z' and (b'spawn_main' in cmdline or b'resource_tracker' in cmdline):
       out.append(int(pid))
   return out
 
@@ -432,8 +433,9 @@ def test_a_group_signal_saves_and_no_decoder_outlives_its_run(folder, tmp_path):
   """main.py on the folder with 2 decoding processes. A SIGTERM to the run's whole process group (what a
   scheduler or a terminal's Ctrl-C sends) reaches the training process alone (the decoders have groups of
   their own; before, it killed them and the run died with a traceback and no checkpoint): it saves and exits
-  0, and its decoders are gone with it. Then a kill -9 of a second run: its decoders, orphaned, exit within
-  seconds (before: alive 300 s later)."""
+  0, and its decoders are gone with it. Then a kill -9 of a second run: its decoders and multiprocessing's
+  resource tracker, orphaned, exit within seconds (before: alive 300 s later). (main.py's exit on an error,
+  ``os._exit``, runs no exit path either: what holds for kill -9 holds for it.)"""
   import signal
   import subprocess
   import sys
