@@ -3,7 +3,8 @@
 #
 #   bash benchmarks/gpu_session.sh            # writes into $OUT (default benchmarks/out)
 #   PART=2 bash benchmarks/gpu_session.sh     # only part 2 (ResIST, local SGD); PART=3: memory only;
-#                                             # PART=4: GPipe and 1F1B beside FDG
+#                                             # PART=4: GPipe and 1F1B beside FDG, with where the
+#                                             # host's time goes (--host_breakdown)
 #
 # Time on an H200 (2026-11-26): parts 1 and 2 finished inside a 455 s limit that then stopped part 3, and
 # part 3 alone did not finish in 170 s (8 fresh processes, each compiling its run; its lines now come as each
@@ -56,7 +57,7 @@ fi
   if [ "$PART" = all ] || [ "$PART" = 4 ]; then
     stamp 'part 4: the synchronous schedules beside FDG (host_share says whether the host set the pace)'
     $PY benchmarks/throughput.py --model=resnet56 --batch=128 --warmup=10 --iters=10 --rounds=2 \
-        --runs=bp,fdg:2:1,fdg:4:1,gpipe:2:1,1f1b:2:1,1f1b:4:1 --json_out="$OUT/sync.jsonl"
+        --runs=bp,fdg:2:1,fdg:4:1,gpipe:2:1,1f1b:2:1,1f1b:4:1 --host_breakdown --json_out="$OUT/sync.jsonl"
   fi
   if [ "$PART" = all ] || [ "$PART" = 3 ]; then
     stamp 'part 3: peak memory, a process per run'

@@ -22,7 +22,8 @@ results) and their mean, images/s (from the median), the time ratio to the first
 speed-up over it (images/s against the first run's, on the devices present), and: for pipeline
 methods each stage's time measured on idle devices, the bubble measured in those iterations (from when each
 stage's calls really ended, jaxdecouple/pipeline/timeline.py; synchronous schedules add the model's beside it
-and the micro-batches each stage held), plus the speed-up that K devices would give if they were perfectly
+and the micro-batches each stage held; --host_breakdown: the host's time per compiled call kind and the
+driver's own, jaxdecouple/pipeline/host_calls.py), plus the speed-up that K devices would give if they were perfectly
 overlapped (sum of stage times / max stage time; withheld, and the run marked host-bound, where the stages'
 calls kept the devices busy for less than half of the timed iteration: then the host's dispatch set the pace,
 and ``host_share`` says how much of the iteration the driver spent handing the calls over); for replica methods the time of one
@@ -68,6 +69,9 @@ def parse_args(argv=None):
   p.add_argument('--isolate', action='store_true',
                  help='run every run in a fresh process of its own: the only way to get each run\'s own '
                  'peak device memory (a process reports one high-water mark)')
+  p.add_argument('--host_breakdown', action='store_true',
+                 help='pipeline methods: also time every compiled call the driver makes (jaxdecouple/pipeline/'
+                 'host_calls.py) over --iters iterations: host ms per iteration by call, and the driver\'s own')
   p.add_argument('--cpu_devices', type=int, default=0, help='split the host CPU into N JAX devices')
   p.add_argument('--json_out', default='', help='also append the JSON lines to this file')
   p.add_argument('--processes', action='store_true',
@@ -222,6 +226,13 @@ class _Run:
         record['sends_mb'] = [round(b / 1e6, 3) for b in pipeline.message_bytes]  # between stages, per iteration
         if pipeline.allreduce_bytes:  # inside each stage, per device and iteration (read from the compiled passes)
           record['allreduce_mb'] = [round(b / 1e6, 3) for b in pipeline.allreduce_bytes]
+      if args.host_breakdown:
+        from jaxdecouple.pipeline.host_calls import host_calls
+
+        def one():
+          self.step()
+          return self.state
+        record['host_calls'] = host_calls(pipeline, one, args.iters)
       if host_bound:
         record['host_bound'] = True
       else:
@@ -282,6 +293,15 @@ def main(argv=None):
           f'{r["measured_speedup"]:.3f} | '
           f'{r.get("bubble_measured", "-")}' + (f' ({r["bubble_model"]})' if 'bubble_model' in r else '') + ' |'
           + (f' {r.get("peak_memory_gb", "-")} |' if memory else ''))
+  broken_down = [r for r in results if 'host_calls' in r]
+  if broken_down:  # --host_breakdown
+    print('\n| method | K | host ms / iter | iteration ms | driver ms (outside calls) | calls: ms / iter '
+          '(calls / iter, arrays / call) |\n|---|---|---|---|---|---|')
+    for r in broken_down:
+      h = r['host_calls']
+      calls = '; '.join(f'{n} {c["ms"]:.2f} ({c["calls"]:g}, {c["arrays"]:g})' for n, c in h['calls'].items())
+      print(f'| {r["method"]} | {r["stages"]} | {h["host_ms"]:.2f} | {h["iter_ms"]:.2f} | {h["other_ms"]:.2f} | '
+            f'{calls} |')
   return results
 
 

@@ -22,7 +22,7 @@ def load(name):
 def test_throughput_reports_every_kind_of_method(capsys):
   records = load('throughput').main(['--model=preact_tiny', '--batch=8', '--warmup=2', '--iters=1',
                                      '--local_steps=2', '--runs=bp,fdg:2:2,resist:2:2,1f1b:2:2', '--rounds=2',
-                                     '--micro_batches=2'])
+                                     '--micro_batches=2', '--host_breakdown'])
   assert [r['method'] for r in records] == ['bp', 'fdg', 'resist', '1f1b']
   assert records[0]['ratio'] == 1 and records[0]['ratio_range'] == [1, 1]
   for r in records:  # the ratio is the median of the two rounds' ratios, inside their range
@@ -46,7 +46,19 @@ def test_throughput_reports_every_kind_of_method(capsys):
   sync = records[3]  # measured bubble beside the model's (K = 2, M = 2: 1/3), the micro-batches each stage held
   assert sync['micro_batches'] == 2 and sync['bubble_model'] == round(1 / 3, 4) and 0 <= sync['bubble_measured'] < 1
   assert sync['held_microbatches'] == [2, 1] and len(sync['held_mb']) == 2 and 0 <= fdg['bubble_measured'] < 1
+  # --host_breakdown: the driver's compiled calls counted as the schedule makes them, per iteration: 1F1B
+  # with K = 2, M = 2 runs 4 forwards, 4 backwards and 2 updates; FDG one call per stage (its last stage's
+  # forward and backward are one vjp_call); their host time within the iteration's
+  for r, want in ((sync, {'forward': 4, 'backward': 4, 'apply': 2, 'zeros': 2, 'prepare': 1}),
+                  (fdg, {'iterate': 1, 'learn': 1})):
+    h = r['host_calls']
+    assert {name: c['calls'] for name, c in h['calls'].items()} == want, h
+    assert 0 < h['host_ms'] <= h['iter_ms'] and h['other_ms'] <= h['host_ms']
+    assert sum(c['ms'] for c in h['calls'].values()) <= h['host_ms'] + 1e-3
+  assert sync['host_calls']['calls']['forward']['arrays'] > sync['host_calls']['calls']['prepare']['arrays']
+  assert 'host_calls' not in records[0] and 'host_calls' not in resist  # pipelines only
   out = capsys.readouterr().out
+  assert '| 1f1b | 2 |' in out.split('driver ms (outside calls)')[1]
   assert '| resist | 2 | 2 |' in out and 'predicted K-device speed-up' in out
   assert 'min-max over rounds' in out
 
