@@ -9,7 +9,7 @@ import time
 import jax
 
 from jaxdecouple.errors import ConfigError, InterruptedWhileWaiting, ProcessError
-from jaxdecouple.processes import INTERRUPTED, heard, leave_together, reason_of
+from jaxdecouple.processes import INTERRUPTED, leave_together, left_together_with, reason_of, stop_together
 from jaxdecouple.workdir import flat
 
 # Fields each process may set its own way: who it is, where it listens, where its host keeps the data.
@@ -81,15 +81,19 @@ def _others(kind: str, mine: dict, timeout_s: float) -> list[tuple[int, dict]]:
           break
         except Exception as e:  # noqa: BLE001  the coordination service's own error: a deadline, a lost peer
           if (why := reason_of(p)) is not None:
-            heard(p)  # the process that published it may host the coordination service: it waits for this
+            left_together_with(p)  # a process that stopped before any work waits for the others to leave
             raise ProcessError(f'another process stopped (process {p}: {why}); fix that and restart every process '
                                'with the same --workdir') from None
           if INTERRUPTED.is_set():  # Ctrl-C once the run's handler is in (waiting for the data): the others
-            # learn why from this process's line (processes.peers_watched publishes it)
-            raise InterruptedWhileWaiting(f'interrupted while waiting for the other processes to show their {kind}')
+            # read why and leave with this process (they may still be loading theirs: it waits for them)
+            line = f'interrupted while waiting for the other processes to show their {kind}'
+            stop_together(line)
+            raise InterruptedWhileWaiting(line)
           if time.monotonic() >= deadline:
             raise ConfigError(f'config.{field}: process {p} did not show its {kind} within {timeout_s:g} s '
                               f'({type(e).__name__}); start every process, or raise config.{field}') from None
   except KeyboardInterrupt:  # Ctrl-C while waiting (the wait is a second at a time): one line, not a traceback
-    raise InterruptedWhileWaiting(f'interrupted while waiting for the other processes to show their {kind}') from None
+    line = f'interrupted while waiting for the other processes to show their {kind}'
+    stop_together(line)
+    raise InterruptedWhileWaiting(line) from None
   return out

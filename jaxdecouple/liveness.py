@@ -1,5 +1,7 @@
-"""Across processes, a peer that hangs (stopped, deadlocked, its host frozen) or dies while the others wait
-somewhere no error reaches them stops the others with one line, within ``distributed.heartbeat_timeout_s``.
+"""Across processes, a peer that stops answering (stopped with SIGSTOP, its host frozen or cut off) or dies
+while the others wait somewhere no error reaches them stops the others with one line, within
+``distributed.heartbeat_timeout_s``. (A peer whose main thread deadlocks while its process still runs keeps
+beating and is not caught here; the waits of ``processes.meet`` and the agreements have their own bounds.)
 
 JAX's coordination service notices a silent process by its missed heartbeats, but then terminates every other
 process from inside the runtime (exit -6, a C++ stack trace, no word of which process or which checkpoint;
@@ -80,18 +82,31 @@ class Liveness:
         pass
 
   def silent(self) -> tuple[int, float] | None:
-    """The first peer silent for longer than the timeout, and for how long; the store's host (process 0) when
-    the store itself stopped answering."""
+    """The first peer whose counter had stood still for longer than the timeout when this process last read
+    it (silence counted between this process's own reads, so a pause of this process, or of the whole job,
+    accuses no one); the store's host (process 0) when the store itself stopped answering."""
     now = time.monotonic()
-    if now - self.round_ended > self.timeout_s and self.me != 0:
+    if now - self.round_ended > self.timeout_s and self.me != 0 and 0 not in self.done:
       return 0, now - self.round_ended
     for p, (_, since) in self.seen.items():
-      if p not in self.done and now - since > self.timeout_s:
-        return p, now - since
+      if p not in self.done and self.round_ended - since > self.timeout_s:
+        return p, self.round_ended - since
     return None
 
+  def pardon(self) -> None:
+    """This process itself did not run for a while (stopped, the machine suspended): nothing was read
+    meanwhile, so every peer's silence and the store's count from now."""
+    now = time.monotonic()
+    self.round_ended = now
+    self.seen = {p: (value, now) for p, (value, _) in self.seen.items()}
+
   def judging(self) -> None:
+    last = time.monotonic()
     while not self.quit.wait(BEAT_S):
+      now = time.monotonic()
+      if now - last > 5 * BEAT_S:  # this thread did not run for a while: this process was paused
+        self.pardon()
+      last = now
       found = self.silent()
       if found is None:
         continue
@@ -107,14 +122,17 @@ class Liveness:
       helper.join(3.0)
       if self.quit.is_set():  # the run ended meanwhile (or this process's own stop began: it has its own line)
         return
+      if self.silent() is None:  # it answered meanwhile
+        continue
       line = stop_line(process, silent_s, self.timeout_s, asked.get('reason'), asked.get('saved'))
       logging.flush()
       print(f'error: {line}', file=sys.stderr, flush=True)
       sys.stdout.flush()
       os._exit(2)  # the main thread may be blocked in the runtime, waiting for the silent peer, for ever
 
-  def end(self, finished: bool) -> None:
+  def end(self, finished: bool, beating: threading.Thread) -> None:
     self.quit.set()
+    beating.join(5 * BEAT_S)  # its last counter must not land after DONE
     if finished:  # a peer still at work must not take this process's silence for a hang
       try:
         self.client.key_value_set(ALIVE_KEY.format(self.run, self.me), DONE, allow_overwrite=True)
@@ -139,4 +157,4 @@ def watch(timeout_s: float):
     yield
     finished = True
   finally:
-    live.end(finished)
+    live.end(finished, threads[0])

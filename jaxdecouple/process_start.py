@@ -122,13 +122,14 @@ def start_processes(d, transfers: bool = False, stopping: str = '') -> None:
 
 def stop_before_work(d, error) -> None:
   """A process of a multi-process run whose config fails its checks (``error``, a ConfigError) joins the run
-  anyway when its ``distributed`` section holds, publishes its one line for the others and waits until they
-  have read it, so that they stop at once with that line (``agreement``: another process stopped, process N:
-  ...) rather than after their start-up timeout with only "not every one joined". Its own line comes first,
-  at once; the join is bounded as every join is, and so is the wait for the others to read the line. A
-  process that cannot join (its ``distributed`` section is the problem) stops alone."""
+  anyway when its ``distributed`` section holds, publishes its one line and leaves with the others once they
+  have read it (``processes.stop_together``), so that they stop at once with that line (``agreement``:
+  another process stopped, process N: ...) rather than after their start-up timeout with only "not every one
+  joined". Its own line comes first, at once; the join is bounded as every join is. Where every process has
+  the bad value, each does the same and all leave together. A process that cannot join (its ``distributed``
+  section is the problem) stops alone."""
   from jaxdecouple.config_checks import validate_distributed
-  from jaxdecouple.processes import tell_the_others, until_heard
+  from jaxdecouple.processes import stop_together
   if not d.coordinator:
     return
   try:
@@ -141,5 +142,4 @@ def stop_before_work(d, error) -> None:
     start_processes(d, stopping=str(error))
   except ConfigError:  # the join itself failed: the others learn of it from their own timeout
     return
-  tell_the_others(str(error))
-  until_heard(d.startup_timeout_s)
+  stop_together(str(error))

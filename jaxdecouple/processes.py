@@ -150,34 +150,43 @@ def reason_of(process: int) -> str | None:
     return None
 
 
-def heard(process: int) -> None:
-  """Tells ``process`` that this one has read why it stopped (``reason_of``; see ``until_heard``)."""
+TOGETHER_KEY = 'jaxdecouple/together/{}'  # set by a process that stops before any work and leaves with the others
+
+
+def stop_together(line: str) -> None:
+  """For a process that stops before any work (its config fails its checks, Ctrl-C while it waits for the
+  others' data) while the others are, or will be, waiting for it in an agreement: publishes its line, marked
+  as leaving together, and leaves the coordination service with them (its shutdown barrier, which each
+  reader joins once it has read the line: ``left_together_with``). Process 0 hosts the service, so leaving
+  alone at once would take the line away, and then abort the others (-6). Several processes stopping so at
+  once all meet in the same barrier."""
+  if jax.process_count() == 1:
+    return
   from jax._src import distributed
   try:
-    distributed.global_state.client.key_value_set(f'jaxdecouple/heard/{process}/{jax.process_index()}', '1')
-  except Exception:  # noqa: BLE001  best effort: the stop goes on
-    pass
+    distributed.global_state.client.key_value_set(TOGETHER_KEY.format(jax.process_index()), '1')
+  except Exception:  # noqa: BLE001  the store is gone: nothing to leave together
+    return
+  tell_the_others(line)
+  leave_together()
 
 
-def until_heard(timeout_s: float) -> None:
-  """Waits, at most ``timeout_s``, until every other process has read this one's line (``heard``): process 0
-  hosts the coordination service, and leaving at once would take the line away before the others read it."""
+def left_together_with(process: int) -> bool:
+  """Whether ``process`` stopped with ``stop_together``; if so this process, having read its line, leaves
+  the coordination service with it."""
   from jax._src import distributed
-  deadline = time.monotonic() + timeout_s
-  for p in range(jax.process_count()):
-    if p == jax.process_index():
-      continue
-    try:
-      distributed.global_state.client.blocking_key_value_get(
-          f'jaxdecouple/heard/{jax.process_index()}/{p}', max(1, int((deadline - time.monotonic()) * 1000)))
-    except Exception:  # noqa: BLE001  a deadline or a lost peer: it learns of the stop some other way
-      return
+  try:
+    distributed.global_state.client.key_value_try_get(TOGETHER_KEY.format(process))
+  except Exception:  # noqa: BLE001  not marked (it stopped mid-run: it is gone already), or the store is gone
+    return False
+  leave_together()
+  return True
 
 
 def tell_the_others(line: str) -> None:
   """Publishes why this process stops (its one error line) in the coordinator's key-value store, so that a
   peer left waiting for it can say why instead of only that it went away."""
-  if jax.process_count() == 1:
+  if jax.process_count() == 1 or not jax.distributed.is_initialized():  # not joined, or left already
     return
   from jax._src import distributed
   try:

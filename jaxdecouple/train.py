@@ -47,7 +47,8 @@ class RunResult:
   workdir: str
   total_steps: int = 0
   stop_requested: bool = False  # a SIGTERM or Ctrl-C came, even one as the last step's checkpoint was written:
-  # a caller that runs one run after another (the study runner) starts no further run
+  # a caller that runs one run after another (the study runner) starts no further run. (In one process; across
+  # processes a stop is agreed at a step, and one after the last step is not seen here.)
 
   @property
   def finished(self) -> bool:

@@ -376,6 +376,8 @@ def mp_cases(tmp_path):
        {0: (2, 'config.optim.learning_rate: must be positive'),
         1: (2, 'another process stopped (process 0: config.optim.learning_rate: must be positive')}),
       ('bad-value-and-no-peer', {1: ['--config.batch_size=0']}, {1: (2, 'config.batch_size: must be positive, got 0')}),
+      ('bad-value-on-every-process', {i: ['--config.batch_size=0'] for i in (0, 1)},  # all leave together at once
+       {i: (2, 'config.batch_size: must be positive, got 0') for i in (0, 1)}),
       ('training-data-missing-on-process-1', {0: [*npz, f'--config.data.path={data}'],
                                               1: [*npz, f'--config.data.path={missing}']},
        {0: (2, f'another process stopped (process 1: data.path={missing} does not exist)'),

@@ -10,6 +10,7 @@ import tempfile
 import time
 
 import numpy as np
+import pytest
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -190,17 +191,17 @@ def test_a_killed_process_and_a_sigterm_resume_exactly_with_a_workdir_per_host(t
   assert_same(tmp_path / 'end1_r.npz', tmp_path / 'ref_r.npz')
 
 
-def test_a_ctrl_c_to_both_resist_processes_stops_both_at_one_step(tmp_path):
-  """ResIST, 2 workers on 2 processes (blocks travel between them every 2 steps): a Ctrl-C (SIGINT) to both
-  processes at once, as a terminal sends it to every process it started (the issue saw one handler never run),
-  whatever step each has reached, stops both at the same step with a checkpoint (neither is left waiting in a
-  transfer or an all-reduce), as a SIGTERM to one does (the pipeline kill/SIGTERM test above). The handler is
-  the same whether one process or both receive it (processes.StopSignal). (That a 2-process ResIST run resumes
-  exactly from its checkpoints: tests/test_multiprocess.py.)"""
+@pytest.mark.parametrize('to', [(1,), (0, 1)], ids=['process-1', 'both'])
+def test_a_ctrl_c_to_one_or_both_resist_processes_stops_both_at_one_step(tmp_path, to):
+  """ResIST, 2 workers on 2 processes (blocks travel between them every 2 steps): a Ctrl-C (SIGINT) to process 1
+  alone, or to both at once as a terminal sends it to every process it started (the issue saw one handler never
+  run), whatever step each has reached, stops both at the same step with a checkpoint (neither is left waiting
+  in a transfer or an all-reduce), as a SIGTERM to one does (the pipeline kill/SIGTERM test above). (That a
+  2-process ResIST run resumes exactly from its checkpoints: tests/test_multiprocess.py.)"""
   steps, ckpt = 60, tmp_path / 'w' / 'rs' / 'checkpoints'
   procs = start(tmp_path, 1, [f'rs:resist:2:{steps}:ckpt=2'])
   stopped = sigterm_process_1_once(procs, str(ckpt / 'checksums' / '*.process_1.json'), 6, 'rs', tmp_path, steps,
-                                   sig=signal.SIGINT, to=(0, 1))
+                                   sig=signal.SIGINT, to=to)
   for i in range(2):
     assert os.path.exists(ckpt / 'checksums' / f'{stopped}.process_{i}.json')
 

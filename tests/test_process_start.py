@@ -115,8 +115,9 @@ def test_each_agreement_names_its_own_bound(monkeypatch):
 def test_ctrl_c_while_waiting_for_the_others_data_stops_at_once(monkeypatch):
   """Loading the data happens inside the run, where a Ctrl-C is the run's agreed stop (handed to JAX's
   preemption service as this process's SIGTERM) and was taken only at the first step, once every process had
-  shown its data, possibly minutes later. Now the wait for the others' data ends at once with one line, exit 130
-  (the others learn why from it)."""
+  shown its data, possibly minutes later. Now the wait for the others' data ends with one line, exit 130: it
+  publishes its line marked as leaving together, and leaves with the others once they have read it
+  (processes.stop_together)."""
   import signal
   import numpy as np
   import pytest
@@ -136,5 +137,7 @@ def test_ctrl_c_while_waiting_for_the_others_data_stops_at_once(monkeypatch):
                        'their data') as raised:
       agree_on_data(Data(), 600.0)
   assert raised.value.exit_code == 130
+  from jax._src import distributed
+  assert distributed.global_state.client.published.get('jaxdecouple/together/0') == '1'  # the others leave with it
   with processes.StopSignal(processes=True):  # a new run starts uninterrupted
     assert not processes.INTERRUPTED.is_set()
