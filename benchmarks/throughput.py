@@ -84,7 +84,8 @@ def parse_args(argv=None):
 def _child_argv(args, run):
   """The command line that benchmarks one run alone (--isolate)."""
   skip = {'runs', 'isolate', 'json_out', 'rounds', 'processes'}
-  flags = [f'--{k}={v}' for k, v in vars(args).items() if k not in skip]
+  flags = [f'--{k}' if v is True else f'--{k}={v}' for k, v in vars(args).items()
+           if k not in skip and v is not False]  # a switch is given by its name alone, or left out
   return [sys.executable, os.path.abspath(__file__), *flags, f'--runs={run}']
 
 

@@ -87,10 +87,14 @@ def test_throughput_isolates_runs_in_their_own_processes(monkeypatch, capsys):
   assert [a.runs for a in children] == ['bp', 'fdg:2:1']
   for a in children:  # every flag reached the child; --isolate itself did not
     assert (a.model, a.batch, a.warmup, a.iters, a.keep, a.isolate) == ('preact_tiny', 4, 1, 3, 'recompute', False)
+    assert a.host_breakdown is False  # a switch left off stays off (it was passed as '--host_breakdown=False')
   assert [r['ratio'] for r in records] == [1, 2] and [r['measured_speedup'] for r in records] == [1, 0.5]
   assert '| fdg | 1 | 1 |' in capsys.readouterr().out
   # each run's line comes as its process ends: a session cut short keeps the runs it finished
   assert json.loads(printed_before[1].strip().splitlines()[-1])['method'] == 'bp'
+  children.clear()
+  module.main(['--model=preact_tiny', '--isolate', '--host_breakdown', '--runs=fdg:2:1'])
+  assert [a.host_breakdown for a in children] == [True]  # a switch given reaches the child by its name
 
 
 def test_resist_worker_benchmark_times_each_sub_network(capsys):
