@@ -111,7 +111,16 @@ def missing_processes(wait_s: float) -> list[int] | None:
     time.sleep(1.0)
 
 
-SAVED_KEY = 'jaxdecouple/saved/{}'  # a process's newest finished checkpoint step, in the coordinator's store
+_RUN = [0]  # runs this process has begun (``begin_run``): every process begins its runs in the same order, so
+# the keys below, one set per run, never carry a reason or a step over from an earlier run of the same processes
+
+
+def begin_run() -> None:
+  """Called once at the start of each run (``train_and_evaluate``)."""
+  _RUN[0] += 1
+
+
+SAVED_KEY = 'jaxdecouple/run{}/saved/{}'  # a process's newest finished checkpoint step, in the coordinator's store
 
 
 def note_saved(step: int) -> None:
@@ -121,7 +130,7 @@ def note_saved(step: int) -> None:
     return
   from jax._src import distributed
   try:
-    distributed.global_state.client.key_value_set(SAVED_KEY.format(jax.process_index()), str(step),
+    distributed.global_state.client.key_value_set(SAVED_KEY.format(_RUN[0], jax.process_index()), str(step),
                                                   allow_overwrite=True)
   except Exception as e:  # noqa: BLE001  best effort: only the stop's line would lack the step
     logging.warning('could not publish the checkpoint step %d to the other processes (%s)', step, type(e).__name__)
@@ -135,7 +144,7 @@ def newest_saved_by_all() -> int | None:
   steps = []
   for p in range(jax.process_count()):
     try:
-      steps.append(int(distributed.global_state.client.key_value_try_get(SAVED_KEY.format(p))))
+      steps.append(int(distributed.global_state.client.key_value_try_get(SAVED_KEY.format(_RUN[0], p))))
     except Exception:  # noqa: BLE001  nothing published, or the service is gone
       return None
   return min(steps)
@@ -145,12 +154,13 @@ def reason_of(process: int) -> str | None:
   """What ``process`` published before it stopped (``tell_the_others``), if anything."""
   from jax._src import distributed
   try:
-    return distributed.global_state.client.key_value_try_get(f'jaxdecouple/stopped/{process}')
+    return distributed.global_state.client.key_value_try_get(STOPPED_KEY.format(_RUN[0], process))
   except Exception:  # noqa: BLE001  nothing published, or the service is gone
     return None
 
 
-TOGETHER_KEY = 'jaxdecouple/together/{}'  # set by a process that stops before any work and leaves with the others
+STOPPED_KEY = 'jaxdecouple/run{}/stopped/{}'  # a process's one error line (``tell_the_others``)
+TOGETHER_KEY = 'jaxdecouple/run{}/together/{}'  # set by a process that stops before any work and leaves with the others
 
 
 def stop_together(line: str) -> None:
@@ -164,7 +174,7 @@ def stop_together(line: str) -> None:
     return
   from jax._src import distributed
   try:
-    distributed.global_state.client.key_value_set(TOGETHER_KEY.format(jax.process_index()), '1')
+    distributed.global_state.client.key_value_set(TOGETHER_KEY.format(_RUN[0], jax.process_index()), '1')
   except Exception:  # noqa: BLE001  the store is gone: nothing to leave together
     return
   tell_the_others(line)
@@ -176,7 +186,7 @@ def left_together_with(process: int) -> bool:
   the coordination service with it."""
   from jax._src import distributed
   try:
-    distributed.global_state.client.key_value_try_get(TOGETHER_KEY.format(process))
+    distributed.global_state.client.key_value_try_get(TOGETHER_KEY.format(_RUN[0], process))
   except Exception:  # noqa: BLE001  not marked (it stopped mid-run: it is gone already), or the store is gone
     return False
   leave_together()
@@ -190,7 +200,7 @@ def tell_the_others(line: str) -> None:
     return
   from jax._src import distributed
   try:
-    distributed.global_state.client.key_value_set(f'jaxdecouple/stopped/{jax.process_index()}', line)
+    distributed.global_state.client.key_value_set(STOPPED_KEY.format(_RUN[0], jax.process_index()), line)
   except Exception as e:  # noqa: BLE001  best effort: the stop goes on
     logging.warning('could not tell the other processes why this one stops (%s)', type(e).__name__)
 

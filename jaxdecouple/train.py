@@ -32,7 +32,7 @@ from jaxdecouple.models import build_model, count_params
 from jaxdecouple.optim import make_optimizer, make_schedule
 from jaxdecouple.process_start import start_processes, stop_before_work
 from jaxdecouple.agreement import agree_on_config, agree_on_data
-from jaxdecouple.processes import StopSignal, agree_on_failure, peers_watched
+from jaxdecouple.processes import StopSignal, agree_on_failure, begin_run, peers_watched
 from jaxdecouple.workdir import open_workdir, write_config
 from jaxdecouple.writers import MetricWriter, format_duration
 
@@ -99,6 +99,7 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
   Running again with the same workdir resumes from its latest checkpoint and, given the same
   config, ends exactly where an uninterrupted run ends.
   """
+  begin_run()
   try:
     validate(config)
   except ConfigError as e:  # across processes the others learn why before this one stops

@@ -138,6 +138,7 @@ def test_ctrl_c_while_waiting_for_the_others_data_stops_at_once(monkeypatch):
       agree_on_data(Data(), 600.0)
   assert raised.value.exit_code == 130
   from jax._src import distributed
-  assert distributed.global_state.client.published.get('jaxdecouple/together/0') == '1'  # the others leave with it
+  together = processes.TOGETHER_KEY.format(processes._RUN[0], 0)
+  assert distributed.global_state.client.published.get(together) == '1'  # the others leave with it
   with processes.StopSignal(processes=True):  # a new run starts uninterrupted
     assert not processes.INTERRUPTED.is_set()
