@@ -140,6 +140,9 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.distributed.data_timeout_s = 600.0  # how long a process waits for the others to load their data (a host may
   # decode a data set for minutes; a peer that fails says why at once, and a dead one misses its heartbeats)
   c.distributed.heartbeat_timeout_s = 30.0  # a peer silent this long stops the others with a line (liveness.py)
+  c.distributed.stall_timeout_s = 1800.0  # a process whose main thread marks no progress (a step, an evaluation,
+  # a checkpoint) this long stops every process with a line naming where it is (liveness.py); 0: never. Raise it
+  # above the longest first compilation, evaluation or checkpoint of the run
   c.distributed.transfer_address = ''  # pipelines, resist: HOST:PORT where this process receives transfers; '':
   # its address toward the coordinator, port = the coordinator's + 1 + process_id (with 'auto': required)
   return c

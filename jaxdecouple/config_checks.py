@@ -189,6 +189,8 @@ def validate_distributed(config) -> None:
       fail('distributed.data_timeout_s', f'must be positive, got {d.data_timeout_s}')
     if not d.heartbeat_timeout_s >= 1:
       fail('distributed.heartbeat_timeout_s', f'must be at least 1 (seconds), got {d.heartbeat_timeout_s}')
+    if not (d.stall_timeout_s == 0 or d.stall_timeout_s >= 5):
+      fail('distributed.stall_timeout_s', f'must be 0 (never judged) or at least 5 (seconds), got {d.stall_timeout_s}')
     if not 0 <= d.process_id < d.num_processes:
       fail('distributed.process_id', f'must be in [0, {d.num_processes}), got {d.process_id}')
   if d.transfer_address and (':' not in d.transfer_address or not d.transfer_address.rsplit(':', 1)[1].isdigit()):

@@ -220,6 +220,8 @@ def peers_watched(heartbeat_s: float):
     tell_the_others(str(e))
     raise
   except jax.errors.JaxRuntimeError as e:
+    if STOPPING.is_set():  # the watch printed this process's line and leaves with the others: it exits the
+      time.sleep(STOPPING_WAIT_S)  # process (os._exit) well within this, and nothing more is said here
     text = str(e)
     if jax.process_count() == 1 or not any(w in text.lower() for w in PEER_LOST):
       raise
@@ -244,6 +246,9 @@ def peers_watched(heartbeat_s: float):
                        f'killed; {resume}') from None
 
 
+STOPPING = threading.Event()  # across processes: the watch (liveness.py) has printed this process's one line and
+# is leaving with the others; a transfer that fails meanwhile in the main thread (a peer left first) says nothing
+STOPPING_WAIT_S = 30.0  # at most this long: the watch exits the process well within it
 INTERRUPTED = threading.Event()  # across processes: a Ctrl-C came during this run (``StopSignal``); a process
 # still waiting for the others' data (``agreement``) stops at once rather than at the first step
 

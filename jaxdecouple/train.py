@@ -25,7 +25,7 @@ from jaxdecouple.data.holdout import hold_out
 from jaxdecouple.data.stream import BlankImages, Prefetcher
 from jaxdecouple.errors import ConfigError, DivergenceError, fail
 from jaxdecouple.evaluate import Evaluator
-from jaxdecouple.liveness import watch
+from jaxdecouple.liveness import mark_progress, watch
 from jaxdecouple.memory import peak_memory
 from jaxdecouple.methods import METHODS, Method, Setup, validate
 from jaxdecouple.models import build_model, count_params
@@ -109,7 +109,7 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
   start_processes(config.distributed, transfers=METHODS[config.method].transfers)
   agree_on_config(config, config.distributed.startup_timeout_s)
   with StopSignal(jax.process_count() > 1) as stop, peers_watched(config.distributed.heartbeat_timeout_s), \
-      watch(config.distributed.heartbeat_timeout_s):
+      watch(config.distributed.heartbeat_timeout_s, config.distributed.stall_timeout_s):
     lock = open_workdir(config, workdir, jax.process_index() if jax.process_count() > 1 else None)
     try:
       checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'), config.keep_checkpoints,
@@ -131,6 +131,7 @@ class Loop:
     self.config, self.workdir, self.checkpointer = config, workdir, checkpointer
     self.dataset = dataset = hold_out(load_dataset(config.data, config.dataset), config.data.holdout)
     agree_on_data(dataset, config.distributed.data_timeout_s)
+    mark_progress()  # loading may take minutes; the stall judge counts from here
     if config.batch_size > len(dataset.x_train):
       fail('batch_size', f'{config.batch_size} exceeds the {len(dataset.x_train)} training examples of {config.dataset}')
     self.setup = build_setup(config, dataset)
@@ -148,6 +149,7 @@ class Loop:
     """Starts or resumes, then steps to the end (or a stop), with the periodic actions after each step."""
     c, method, start_time = self.config, self.method, time.perf_counter()
     state, start, carried = self.start()
+    mark_progress()
     step, last_eval = start, None
     next_batch = Prefetcher(self.batch, start, self.total_steps, c.data.prefetch) if self.dataset.streamed else self.batch
     if stop.requested:
@@ -166,6 +168,7 @@ class Loop:
           state, metrics = method.step(state, batch, step)
         self.pending.append(metrics)
         self.clock.tick()
+        mark_progress()  # for the stall judge (liveness.py), across processes
         if step == start:  # compilation is not timed
           jax.block_until_ready(state)
           logging.info('first step (compilation included) took %.1f s', time.perf_counter() - start_time)
@@ -270,6 +273,7 @@ class Loop:
       logging.info('epoch %.2f (step %d): test %s %.4f, test loss %.4f; %.1f s for the epoch', step / self.spe, step,
                    'mAP' if 'test_map' in result else 'accuracy', result['test_accuracy'], result['test_loss'], epoch_time)
     self.clock.next_epoch()
+    mark_progress()
     return record
 
   def save(self, state, done: int) -> None:
@@ -279,6 +283,7 @@ class Loop:
     if failure:  # (each process checks the parameters it holds; all stop if one of them is not finite)
       self.diverged(done, failure)
     self.checkpointer.save(done, state)
+    mark_progress()
     if done % (self.config.eval_every_epochs * self.spe):  # a run resumed from here goes on with this clock
       seconds, steps = self.clock.epoch()
       self.writer.write('checkpoint', done, epoch=round(done / self.spe, 4), epoch_time_s=round(seconds, 3),

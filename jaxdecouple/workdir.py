@@ -33,6 +33,8 @@ MAY_CHANGE_ON_RESUME = (
     'replica.skip', 'data.path', 'data.idx_dir', 'data.tfds_data_dir', 'data.tfds_download',
     'data.tfds_manual_dir', 'data.workers', 'data.prefetch', 'data.imagenet_v2', 'data.imagenet_v2_dir',
     'distributed.coordinator', 'distributed.transfer_address', 'distributed.process_id', 'resume_changes',
+    'distributed.startup_timeout_s', 'distributed.data_timeout_s', 'distributed.heartbeat_timeout_s',
+    'distributed.stall_timeout_s',
 )
 
 

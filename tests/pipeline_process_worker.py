@@ -8,10 +8,11 @@ WORKDIR may hold '{process}', replaced by the process id (each process its own w
 PROCESS_ID -1 runs the same alone, in one process with DEVICES devices: the reference (XLA:CPU's numbers
 depend on how many devices a process splits the cores into, so the reference is a process too).
 
-RUN is NAME:METHOD:K:STEPS[:ckpt=N][:die=P@S][:dp=D] (K: stages, or ResIST's workers; dp: devices per stage;
-ckpt: a checkpoint every N steps,
-else only at the end; die: process P kills itself right after its checkpoint at step S is written, as a crashed
-machine would). A NAME ending in _stream trains on streamed JPEGs (dataset
+RUN is NAME:METHOD:K:STEPS[:ckpt=N][:die=P@S][:stall=P@S][:stall_s=T][:dp=D] (K: stages, or ResIST's workers;
+dp: devices per stage; ckpt: a checkpoint every N steps, else only at the end; die: process P kills itself right
+after its checkpoint at step S is written, as a crashed machine would; stall: process P's main thread waits for
+ever right after that checkpoint, as a deadlock in its own code would, its other threads running on; stall_s:
+distributed.stall_timeout_s). A NAME ending in _stream trains on streamed JPEGs (dataset
 imagenet) from the folder in $STREAM_FOLDER. A run that stops on one of the library's errors prints its one
 line and leaves with ``os._exit``, as main.py does."""
 import os
@@ -77,9 +78,25 @@ def main(process_id: int, port: int, workdir: str, out: str, runs: list[str]):
           self.wait()
           os.kill(os.getpid(), signal.SIGKILL)
       Checkpointer.save = save_then_die
+    who, _, when = options.get('stall', '').partition('@')
+    stall_at = int(when) if who and int(who) == process_id else 0
+    if stall_at:
+      save = Checkpointer.save
+
+      def save_then_stall(self, step, state, save=save):
+        save(self, step, state)
+        if step == stall_at:
+          self.wait()
+          import threading
+          lock = threading.Lock()
+          lock.acquire()
+          lock.acquire()  # a deadlock: never returns
+      Checkpointer.save = save_then_stall
     config = pipeline_config(method, int(k), int(steps), stream=name.endswith('_stream'),
                              every=int(options.get('ckpt', 0)))
     config.pipeline.data_parallel = int(options.get('dp', 1))
+    if 'stall_s' in options:
+      config.distributed.stall_timeout_s = float(options['stall_s'])
     if process_id >= 0:
       config.distributed.coordinator = f'127.0.0.1:{port}'
       config.distributed.num_processes, config.distributed.process_id = 2, process_id

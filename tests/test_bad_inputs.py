@@ -385,9 +385,25 @@ def mp_cases(tmp_path):
   ]
 
 
+def prior_work(workdir, process: int, pipelined: bool, write: bool = True) -> dict:
+  """An earlier run's work in a case's workdir, which the refused start must leave as it was ("no work lost"):
+  a checkpoint of step 2 laid out as the process's method writes it (a pipeline's per-process archive, or a
+  step folder) and a line of metrics ({path in the workdir: its bytes}). The checkpoint's bytes are not a valid
+  one, so a start that went as far as restoring it would set it aside as damaged, and one that trained would
+  add steps or metrics: either is reported."""
+  checkpoint = f'checkpoints/process_{process}/2.npz' if pipelined else 'checkpoints/2/default/data'
+  files = {checkpoint: b'an earlier run\'s checkpoint of step 2\n' * 16,
+           'metrics.jsonl': b'{"step": 2, "kind": "train", "loss": 2.3}\n'}
+  for name, content in files.items() if write else ():
+    (workdir / name).parent.mkdir(parents=True, exist_ok=True)
+    (workdir / name).write_bytes(content)
+  return files
+
+
 def test_bad_multi_process_runs(tmp_path):
   """Every case in the table at once (their processes mostly wait, so the table costs about its slowest case);
-  reports every case that misbehaved."""
+  reports every case that misbehaved. Each process's workdir holds an earlier run's work (``prior_work``), which
+  must come out unchanged."""
   import signal
   import socket
   import subprocess
@@ -412,6 +428,7 @@ def test_bad_multi_process_runs(tmp_path):
       taken.append(listener)
     expected.update({i: (status, words.format(port=port, port_1=port + 1)) for i, (status, words) in expected.items()})
     for i, extra in flags.items():
+      prior_work(tmp_path / 'mp' / case_id / str(i), i, '--config.method=fdg' in extra)
       argv = [sys.executable, 'main.py', *MP_BASE, f'--config.distributed.coordinator=127.0.0.1:{port}',
               f'--config.distributed.process_id={i}', f'--workdir={tmp_path / "mp" / case_id / str(i)}',
               *(a.format(port=port, other_port=other_port) for a in extra if not a.startswith('TAKEN+'))]
@@ -422,6 +439,7 @@ def test_bad_multi_process_runs(tmp_path):
       logs.append(log)
   bound = scaled_timeout(MP_STARTUP_S + 60)  # the agreement's timeout, start-up and the stop, on this machine
   problems, expect = [], {case_id: expected for case_id, _, expected in cases}
+  expect_flags = {case_id: flags for case_id, flags, _ in cases}
   ended = {}  # process -> when it exited (polled together: each one's own time, not its turn in the list)
   try:
     while len(ended) < len(running) and time.monotonic() < running[0][2] + bound:
@@ -453,9 +471,14 @@ def test_bad_multi_process_runs(tmp_path):
         why.append(f'the error does not hold {words!r}')
       if 'Traceback' in out or 'Segmentation' in out:
         why.append('a traceback or a crash')
-      metrics = workdir / 'metrics.jsonl'  # a process that met its peer opens it (empty) before the first step
-      steps = [p for p in workdir.glob('checkpoints/**/*') if p.name.isdigit()]
-      if 'first step' in out or (metrics.exists() and metrics.stat().st_size) or steps:
+      pipelined = '--config.method=fdg' in expect_flags[case_id].get(i, [])
+      lost = [name for name, content in prior_work(workdir, i, pipelined, write=False).items()
+              if not (workdir / name).is_file() or (workdir / name).read_bytes() != content]
+      if lost:  # moved aside as damaged, rewritten, or deleted: the stop came too late
+        why.append(f'the earlier run\'s files changed: {lost}')
+      steps = [p for p in workdir.glob('checkpoints/**/*') if p.name.isdigit() or  # a step's folder or archive
+               (p.name.endswith('.npz') and p.name[:-4].isdigit())]
+      if 'first step' in out or len(steps) > 1:
         why.append('training started')
       if why:
         problems.append(f'{case_id}, process {i} ({took:.0f} s): {"; ".join(why)}\n    {out.strip()[-600:]}')

@@ -99,6 +99,8 @@ def test_cli_bad_override_is_one_line(override, message, tmp_path):
       'distributed.startup_timeout_s': 0.0}, 'config.distributed.startup_timeout_s: must be positive'),
     ({'method': 'localsgd', 'distributed.coordinator': 'h:1', 'distributed.num_processes': 2,
       'distributed.data_timeout_s': -1.0}, 'config.distributed.data_timeout_s: must be positive'),
+    ({'method': 'localsgd', 'distributed.coordinator': 'h:1', 'distributed.num_processes': 2,
+      'distributed.stall_timeout_s': 2.0}, 'config.distributed.stall_timeout_s: must be 0 .never judged. or at least 5'),
 ])
 def test_bad_multi_process_settings_name_the_field(overrides, message):
   with pytest.raises(ConfigError, match=message):

@@ -191,19 +191,23 @@ def test_a_killed_process_and_a_sigterm_resume_exactly_with_a_workdir_per_host(t
   assert_same(tmp_path / 'end1_r.npz', tmp_path / 'ref_r.npz')
 
 
-@pytest.mark.parametrize('to', [(1,), (0, 1)], ids=['process-1', 'both'])
-def test_a_ctrl_c_to_one_or_both_resist_processes_stops_both_at_one_step(tmp_path, to):
-  """ResIST, 2 workers on 2 processes (blocks travel between them every 2 steps): a Ctrl-C (SIGINT) to process 1
-  alone, or to both at once as a terminal sends it to every process it started (the issue saw one handler never
-  run), whatever step each has reached, stops both at the same step with a checkpoint (neither is left waiting
-  in a transfer or an all-reduce), as a SIGTERM to one does (the pipeline kill/SIGTERM test above). (That a
-  2-process ResIST run resumes exactly from its checkpoints: tests/test_multiprocess.py.)"""
-  steps, ckpt = 60, tmp_path / 'w' / 'rs' / 'checkpoints'
-  procs = start(tmp_path, 1, [f'rs:resist:2:{steps}:ckpt=2'])
-  stopped = sigterm_process_1_once(procs, str(ckpt / 'checksums' / '*.process_1.json'), 6, 'rs', tmp_path, steps,
-                                   sig=signal.SIGINT, to=to)
+@pytest.mark.parametrize('method, to', [('fdg', (1,)), ('resist', (0, 1))], ids=['fdg-process-1', 'resist-both'])
+def test_a_ctrl_c_to_one_or_both_processes_stops_both_at_one_step(tmp_path, method, to):
+  """A Ctrl-C (SIGINT) to process 1 alone of an FDG pipeline (K = 2, a stage in each process, activations and
+  gradients crossing every step), or to both processes of a ResIST run (2 workers, blocks travelling every 2
+  steps) at once, as a terminal sends it to every process it started (the issue saw one handler never run),
+  whatever step each has reached, stops both at the same step with a checkpoint in each (neither is left
+  waiting in a transfer or an all-reduce), as a SIGTERM to one does (the kill/SIGTERM test above). Ctrl-C is
+  one mechanism whatever the method (processes.StopSignal hands it to JAX's preemption service, as SIGTERM),
+  so the two cases split the methods between them to keep the suite within its time. (That a 2-process
+  ResIST run resumes exactly from its checkpoints: tests/test_multiprocess.py.)"""
+  steps, ckpt = 60, tmp_path / 'w' / 'c' / 'checkpoints'
+  procs = start(tmp_path, 1, [f'c:{method}:2:{steps}:ckpt=2'])
+  pattern = str(ckpt / 'process_1' / '*.npz') if method == 'fdg' else str(ckpt / 'checksums' / '*.process_1.json')
+  stopped = sigterm_process_1_once(procs, pattern, 6, 'c', tmp_path, steps, sig=signal.SIGINT, to=to)
   for i in range(2):
-    assert os.path.exists(ckpt / 'checksums' / f'{stopped}.process_{i}.json')
+    assert os.path.exists(ckpt / f'process_{i}' / f'{stopped}.npz' if method == 'fdg' else
+                          ckpt / 'checksums' / f'{stopped}.process_{i}.json'), os.listdir(ckpt)
 
 
 def test_a_layout_that_leaves_a_process_idle_stops_at_start_up(tmp_path):
@@ -233,3 +237,32 @@ def test_divergence_over_processes_stops_every_process_with_one_line(tmp_path):
     assert 'Traceback' not in err, err[-3000:]
     steps.add(int(errors[0].split(' at step ')[1].split(':')[0]))
   assert len(steps) == 1, steps  # the same step in both
+
+
+@pytest.mark.parametrize('stuck', [0, 1])
+def test_a_deadlocked_main_thread_stops_every_process_with_one_line(tmp_path, stuck):
+  """One process's main thread deadlocks right after its checkpoint at step 4 (a lock taken twice), its other
+  threads running on, so it keeps beating and the heartbeat alone never stops anyone (before: both waited for
+  ever). With distributed.stall_timeout_s = 10, that process stops with one line naming itself and where its
+  main thread is stuck, and the other (waiting for its activations or gradients, or in an agreement) stops with
+  that line; both exit 2 within a bound (not -6: process 0 hosts the coordination service, and the two leave
+  it together), and the checkpoint of step 4 both wrote is named and intact."""
+  steps, ckpt, other = 60, tmp_path / 'w' / 'st' / 'checkpoints', 1 - stuck
+  procs = start(tmp_path, 1, [f'st:fdg:2:{steps}:ckpt=2:stall={stuck}@4:stall_s=10'])
+  try:
+    outs = [communicate_within(p, 150, f'waiting for process {i} to stop after process {stuck} deadlocked')[0]
+            for i, p in enumerate(procs)]
+  finally:
+    for p in procs:
+      p.kill()
+  lines = [[line for line in out.splitlines() if line.startswith('error:')] for out in outs]
+  assert [p.returncode for p in procs] == [2, 2] and [len(x) for x in lines] == [1, 1], outs
+  assert not any('Traceback' in out for out in outs), outs
+  mine = lines[stuck][0]
+  assert mine.startswith(f"error: process {stuck}'s main thread has made no progress for ") and \
+      'in save_then_stall (from train.py' in mine and 'the newest checkpoint every process wrote is step 4' in mine, mine
+  who = 'process 0 (it runs the coordination service)' if stuck == 0 else 'process 1'
+  assert lines[other][0] == f'error: another process stopped ({who}: {mine[len("error: "):]}); fix that and ' \
+      'restart every process with the same --workdir', lines
+  for i in range(2):
+    assert '4.npz' in os.listdir(ckpt / f'process_{i}'), os.listdir(ckpt / f'process_{i}')
