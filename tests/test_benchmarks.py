@@ -47,9 +47,10 @@ def test_throughput_reports_every_kind_of_method(capsys):
   assert sync['micro_batches'] == 2 and sync['bubble_model'] == round(1 / 3, 4) and 0 <= sync['bubble_measured'] < 1
   assert sync['held_microbatches'] == [2, 1] and len(sync['held_mb']) == 2 and 0 <= fdg['bubble_measured'] < 1
   # --host_breakdown: the driver's compiled calls counted as the schedule makes them, per iteration: 1F1B
-  # with K = 2, M = 2 runs 4 forwards, 4 backwards and 2 updates; FDG one call per stage (its last stage's
-  # forward and backward are one vjp_call); their host time within the iteration's
-  for r, want in ((sync, {'forward': 4, 'backward': 4, 'apply': 2, 'zeros': 2, 'prepare': 1}),
+  # with K = 2, M = 2 runs 4 forwards, 4 backwards, 2 packings (each stage's parameters, statistics and zero
+  # gradient sum, once an iteration) and 2 updates; FDG one call per stage (its last stage's forward and
+  # backward are one vjp_call); their host time within the iteration's
+  for r, want in ((sync, {'forward': 4, 'backward': 4, 'apply': 2, 'pack': 2, 'prepare': 1}),
                   (fdg, {'iterate': 1, 'learn': 1})):
     h = r['host_calls']
     assert {name: c['calls'] for name, c in h['calls'].items()} == want, h

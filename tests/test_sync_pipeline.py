@@ -4,6 +4,7 @@ reference of back-propagation with the gradient accumulated over M micro-batches
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -34,6 +35,24 @@ HAND = {
 # 1F1B, K = 2, M = 3 in unit time (F = 1, a backward 2): the picture itself
 GRID_1F1B_2_3 = ['F0 F1 .  .  B0 B0 F2 B1 B1 .  B2 B2',
                  '.  F0 B0 B0 F1 B1 B1 F2 B2 B2 .  .']
+
+
+def test_packing_gives_back_every_leaf_exactly():
+  """A stage's passes hand over its parameters, statistics, gradient sum and residuals packed, one buffer per
+  dtype (sync_engine.Packing): unpacked they are the leaves, bit for bit and in their dtypes (an int32 index
+  above 2**24 and a bool mask included, which one float buffer would round), with the tree's structure."""
+  from jaxdecouple.pipeline.sync_engine import Packing
+  rng = np.random.default_rng(0)
+  tree = {'w': rng.normal(size=(3, 4)).astype(np.float32), 'i': np.array([2**24 + 1, -7], np.int32),
+          'b': {'m': rng.normal(size=(5,)) > 0, 's': np.float32(1.5), 'h': rng.normal(size=(2, 2)).astype(jnp.bfloat16)},
+          'v': rng.normal(size=(7,)).astype(np.float32)}
+  packing = Packing()
+  buffers = jax.jit(packing.pack)(tree)
+  # in the order of the leaves (b.h, b.m, b.s, i, v, w): a dtype's buffer holds its leaves end to end
+  assert [b.dtype for b in buffers] == [jnp.bfloat16, np.dtype(np.bool_), np.float32, np.int32]
+  assert [b.size for b in buffers] == [4, 5, 1 + 7 + 12, 2]
+  assert_trees_equal(jax.jit(packing.unpack)(buffers), tree)
+  assert jax.tree.structure(packing.unpack(buffers)) == jax.tree.structure(tree)
 
 
 @pytest.mark.parametrize('kind,k,m', list(HAND))
@@ -111,13 +130,17 @@ def reference_accumulated_bp(config, steps):
 
 
 @pytest.mark.parametrize('kind,k,m,devices', [('gpipe', 2, 4, 0), ('1f1b', 3, 4, 0), ('zb_h1', 3, 2, 1)])
-def test_synchronous_schedules_equal_accumulated_bp(kind, k, m, devices, workdir):
-  """And the residuals the driver really held at once are the schedule's count (GPipe M, 1F1B K - k, ZB-H1
-  K, at most M); the last step is profiled: its measured timeline has every stage's passes in the
-  schedule's order, and where the stages share one device (ZB-H1 here) no two passes overlap in time, so
-  the measured bubble is at least 1 - 1/K."""
+def test_synchronous_schedules_equal_accumulated_bp(kind, k, m, devices, workdir, monkeypatch):
+  """With the residuals handed from F to B packed, as on a GPU (``sync_engine.PACK_RESIDUALS_ON``; the other
+  runs of this file keep XLA:CPU's default, leaf by leaf). And the residuals the driver really held at once
+  are the schedule's count (GPipe M, 1F1B K - k, ZB-H1 K, at most M); the last step is profiled: its measured
+  timeline has every stage's passes in the schedule's order, and where the stages share one device (ZB-H1
+  here) no two passes overlap in time, so the measured bubble is at least 1 - 1/K."""
+  from jaxdecouple.pipeline import sync_engine
+  monkeypatch.setattr(sync_engine, 'PACK_RESIDUALS_ON', (*sync_engine.PACK_RESIDUALS_ON, 'cpu'))
   config = sync_config(kind, k, m, profile_every_steps=3, **{'pipeline.num_devices': devices})
   result = train_and_evaluate(config, workdir)
+  assert all(stage.packs_residuals for stage in result.method.pipeline.stages)
   reference = reference_accumulated_bp(config, 3)
   assert_trees_close(result.variables, reference, tol=5e-4)
   with pytest.raises(AssertionError):  # sharp: one micro-batch (plain BP) differs through BatchNorm
@@ -142,7 +165,8 @@ def test_synchronous_schedules_equal_accumulated_bp(kind, k, m, devices, workdir
 
 
 def test_one_micro_batch_is_bp(workdir, tmp_path):
-  """K = 2, M = 1 and K = 1 (any schedule): back-propagation's numbers."""
+  """K = 2, M = 1 and K = 1 (any schedule): back-propagation's numbers (the residuals leaf by leaf, XLA:CPU's
+  default)."""
   bp = train_and_evaluate(tiny_config(max_steps=3, **{'optim.learning_rate': 0.02}), str(tmp_path / 'bp'))
   for kind, k in (('1f1b', 2), ('gpipe', 1)):
     run = train_and_evaluate(sync_config(kind, k, 1), str(tmp_path / kind))

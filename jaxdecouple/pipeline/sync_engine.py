@@ -16,6 +16,14 @@ half). What a stage holds at once is counted from the residuals the driver reall
 Between iterations nothing is in flight: a stage's state is its parameters, statistics and optimizer (the
 ``StageState`` of the asynchronous engine, with empty ring and inboxes), so checkpoints, resume and
 evaluation are the same.
+
+Within an iteration the passes hand over few arrays (``Packing``): on a GPU the host spends about 9 µs on
+every array a compiled call takes or returns, whatever the method (benchmarks/records/2026-11-26d_h200), and a
+pass handing over a ResNet-56 half's parameters, statistics, gradient sum and residuals leaf by leaf took about
+450 arrays, 8,550 an iteration at K = 2, M = 4 (FDG: 1,444), which made GPipe and 1F1B 7x BP's time there. So
+each stage packs its parameters and statistics once an iteration (``pack``: one buffer per dtype), keeps its
+gradient sum packed, and a forward on one accelerator returns its residuals packed (``PACK_RESIDUALS_ON``);
+the optimizer step unpacks. Packing is concatenation and slicing: the numbers are those of the leaves.
 """
 from __future__ import annotations
 
@@ -37,8 +45,43 @@ from jaxdecouple.pipeline.stage import StageState
 from jaxdecouple.pipeline.sync_schedule import SyncSchedule
 
 
+# Platforms where a forward returns its residuals packed. Packing copies them (a concatenation, and slices at
+# the backward): on a GPU the copy is far cheaper than the dispatch it saves, on XLA:CPU it is not (ResNet-56,
+# batch 8, GPipe M = 4 on 2 cores: 368 ms an iteration with the residuals packed against 295 ms without).
+PACK_RESIDUALS_ON = ('gpu', 'cuda', 'rocm', 'tpu')
+
+
+class Packing:
+  """Arrays as one flat buffer per dtype (in order of first appearance) and back, inside compiled calls: the
+  layout (each leaf's shape and dtype, and a tree's structure) is recorded when ``pack`` is traced."""
+
+  def __init__(self):
+    self.layout: list[tuple[tuple[int, ...], jnp.dtype]] | None = None
+    self.treedef = None
+
+  def pack(self, tree) -> tuple:
+    leaves, self.treedef = jax.tree.flatten(tree)
+    self.layout = [(x.shape, x.dtype) for x in leaves]
+    groups: dict = {}
+    for x in leaves:
+      groups.setdefault(jnp.dtype(x.dtype), []).append(jnp.ravel(x))
+    return tuple(jnp.concatenate(g) if len(g) > 1 else g[0] for g in groups.values())
+
+  def unpack(self, buffers):
+    offsets, order, leaves = {}, {}, []
+    for shape, dtype in self.layout:
+      order.setdefault(jnp.dtype(dtype), len(order))
+    for shape, dtype in self.layout:
+      d = jnp.dtype(dtype)
+      at, size = offsets.get(d, 0), int(np.prod(shape, dtype=np.int64))
+      leaves.append(buffers[order[d]][at:at + size].reshape(shape))
+      offsets[d] = at + size
+    return jax.tree.unflatten(self.treedef, leaves)
+
+
 class SyncStage:
-  """One stage's compiled passes on its device (or devices: ``StagePlace``)."""
+  """One stage's compiled passes on its device (or devices: ``StagePlace``). The passes take the stage's
+  parameters, statistics and gradient sum packed (``pack``), and on one device return residuals packed."""
 
   def __init__(self, index: int, chain, last: bool, where: StagePlace, optimizer: Optimizer, lr: Callable,
                micro_batches: int, loss: Callable = classification_loss):
@@ -46,27 +89,40 @@ class SyncStage:
     self.optimizer, self.lr, self.micro_batches = optimizer, lr, micro_batches
     self.loss = loss  # the model's objective (Model.loss)
     self.stash = VjpStash()
+    self.params, self.stats, self.residuals = Packing(), Packing(), Packing()
+    # residuals packed only where dispatch is what costs (``PACK_RESIDUALS_ON``), and on one device: packing
+    # batch-split activations with replicated parameters would gather them
+    self.packs_residuals = len(where.devices) == 1 and where.device.platform in PACK_RESIDUALS_ON
     self.forward = jax.jit(self._forward)
     # the running sum is not donated: a timed iteration reads when each pass's output became ready
     self.backward = jax.jit(self._backward)
     self.backward_input = jax.jit(lambda residuals, g: self._vjp(residuals, g)[1])
-    self.weight = jax.jit(lambda residuals, g, total: jax.tree.map(jnp.add, total, self._vjp(residuals, g)[0]))
+    self.weight = jax.jit(lambda residuals, g, total: self._add(total, self._vjp(residuals, g)[0]))
     self.apply = jax.jit(self._apply, donate_argnums=(0, 1))
-    self._zeros = None  # compiled by ``zeros`` for the parameters' placement
+    self._pack = None  # compiled by ``pack`` for the parameters' placement
     self.kept_bytes: int | None = None  # per device, one micro-batch's residuals (the same every iteration)
 
-  def zeros(self, params):
-    """The iteration's zero gradient sum, laid out as the parameters are, in one compiled call: zeros_like
-    leaf by leaf is one dispatch per parameter array (about 170 for ResNet-56), which on a GPU took longer
-    than the stage's passes (benchmarks/records/2026-11-26b_h200)."""
-    if self._zeros is None:
-      self._zeros = jax.jit(lambda p: jax.tree.map(jnp.zeros_like, p),
-                            out_shardings=jax.tree.map(lambda x: x.sharding, params))
-    return self._zeros(params)
+  def pack(self, params, stats):
+    """The iteration's packed parameters and statistics, and its zero gradient sum (packed as the parameters
+    are), in one compiled call: zeros_like leaf by leaf was one dispatch per parameter array (about 170 for
+    ResNet-56), which on a GPU took longer than the stage's passes (benchmarks/records/2026-11-26b_h200)."""
+    if self._pack is None:
+      def pack(p, s):
+        flat = self.params.pack(p)
+        return flat, self.stats.pack(s), tuple(jnp.zeros_like(b) for b in flat)
+      same = next(iter(jax.tree.leaves(params))).sharding  # a stage's state lives replicated on its devices
+      self._pack = jax.jit(pack, out_shardings=same)
+    return self._pack(params, stats)
+
+  def _add(self, total, weights):
+    """The packed gradient sum plus a micro-batch's weight gradient (a tree laid out as the parameters)."""
+    return tuple(a + b for a, b in zip(total, self.params.pack(weights)))
 
   def _forward(self, params, stats, x, labels):
-    """F: the stage's training forward of micro-batch x. Returns (output or None, new statistics, the vjp's
-    residuals, metrics). The last stage's objective is the micro-batch's mean loss."""
+    """F: the stage's training forward of micro-batch x (parameters and statistics packed). Returns (output or
+    None, new statistics packed, the vjp's residuals, metrics). The last stage's objective is the micro-batch's
+    mean loss."""
+    params, stats = self.params.unpack(params), self.stats.unpack(stats)
     run = lambda p, x: self.chain.apply({'params': p, 'batch_stats': stats}, x, train=True)
     if self.last:
       def f(p, x):
@@ -79,23 +135,29 @@ class SyncStage:
     if self.index == 0:
       f = (lambda f: lambda p: f(p, x))(f)
     out, vjp_fn, (stats, metrics) = jax.vjp(f, *primals, has_aux=True)
-    return (None if self.last else out), stats, self.stash.flatten(vjp_fn), metrics
+    residuals = self.stash.flatten(vjp_fn)
+    if self.packs_residuals:
+      residuals = self.residuals.pack(residuals)
+    return (None if self.last else out), self.stats.pack(stats), residuals, metrics
 
   def _vjp(self, residuals, g):
     """(weight gradient, input gradient or None) of the kept forward for its output's gradient g."""
+    if self.packs_residuals:
+      residuals = self.residuals.unpack(residuals)
     grads = self.stash.unflatten(residuals)(jnp.ones((), jnp.float32) if self.last else g)
     return grads[0], (grads[1] if self.index > 0 else None)
 
   def _backward(self, residuals, g, total):
-    """B (whole): the input's gradient, and the weight gradient added to the stage's sum."""
+    """B (whole): the input's gradient, and the weight gradient added to the stage's packed sum."""
     weights, inputs = self._vjp(residuals, g)
-    return jax.tree.map(jnp.add, total, weights), inputs
+    return self._add(total, weights), inputs
 
-  def _apply(self, params, opt_state, total, step):
-    """The iteration's optimizer step with the gradient averaged over the micro-batches."""
-    grads = jax.tree.map(lambda x: x / self.micro_batches, total)
+  def _apply(self, params, opt_state, total, stats, step):
+    """The iteration's optimizer step with the gradient averaged over the micro-batches; the statistics
+    unpacked for the stage's state."""
+    grads = jax.tree.map(lambda x: x / self.micro_batches, self.params.unpack(total))
     params, opt_state = self.optimizer.update(grads, opt_state, params, self.lr(step))
-    return params, opt_state
+    return params, opt_state, self.stats.unpack(stats)
 
 
 class SyncPipeline:
@@ -151,9 +213,8 @@ class SyncPipeline:
       images = jax.device_put(batch.images, first.where.split)
       inputs = [first.where.batch(x) for x in jnp.split(self.prepare(images, step), M)]
       labels = [last.where.batch(y) for y in np.split(np.asarray(batch.labels), M)]
-    params = [st.params for st in state.stages]
-    stats = [st.batch_stats for st in state.stages]
-    totals = [stage.zeros(p) for stage, p in zip(self.stages, params)]
+    params, stats, totals = map(list, zip(*(stage.pack(st.params, st.batch_stats)
+                                            for stage, st in zip(self.stages, state.stages))))
     arriving, gradients, kept, waiting, metrics = {}, {}, {}, {}, []
     shapes = {}  # (stage, pass) -> (function, its arguments' shapes and shardings): for allreduce_bytes
     count = record is not None and self.allreduce_bytes is None and any(len(w.devices) > 1 for w in self.places)
@@ -202,9 +263,9 @@ class SyncPipeline:
         gradients[k - 1, m] = self.stages[k - 1].where.batch(down)
     new = []
     for k, (stage, st) in enumerate(zip(self.stages, state.stages)):
-      p, o = call(k, 'update', stage.apply, params[k], st.opt_state, totals[k], step)
+      p, o, b = call(k, 'update', stage.apply, st.params, st.opt_state, totals[k], stats[k], step)
       record(k, stage.where.devices, 'update', (p, o))
-      new.append(st._replace(params=p, opt_state=o, batch_stats=stats[k]))
+      new.append(st._replace(params=p, opt_state=o, batch_stats=b))
     if count:
       self.allreduce_bytes = self._allreduce_bytes(shapes)
     out = {}
