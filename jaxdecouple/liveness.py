@@ -20,8 +20,8 @@ A process whose main thread is stuck while the process lives (a deadlock: its be
 caught by progress instead: the training loop marks each step, evaluation batch and checkpoint
 (``mark_progress``), and a judge that finds its own main thread without a mark for ``distributed.stall_timeout_s``
 stops the run. Its peers stall too, waiting for it: the first process to claim the stall in the store (an
-atomic set; a main thread waiting inside JAX claims a few seconds later, so one stuck in code of its own is
-named) publishes its line, naming where its main thread is (``sys._current_frames``), and stops; the others
+atomic set; a main thread waiting for the others claims a few seconds later, so one stuck in code of its own
+is named) publishes its line, naming where its main thread is (``sys._current_frames``), and stops; the others
 read the claim with their beats and stop with its line.
 """
 from __future__ import annotations
@@ -35,6 +35,9 @@ import traceback
 
 import jax
 from absl import logging
+
+from jaxdecouple.processes import (STOPPING, leave_together, newest_saved_by_all, reason_of, resume_advice,
+                                   tell_the_others)
 
 ALIVE_KEY = 'jaxdecouple/alive/{}/{}'  # per run and process: a beat counter, or DONE once the run ended normally
 DONE = 'done'
@@ -71,12 +74,9 @@ def main_thread_at() -> tuple[str, bool]:
 
 def stall_line(stalled_s: float, timeout_s: float, at: str, saved: int | None) -> str:
   """The one line a process whose main thread is stuck stops every process with."""
-  resume = (f'the newest checkpoint every process wrote is step {saved}: restart every process with the same '
-            '--workdir to resume from it' if saved is not None else
-            'restart every process with the same --workdir to resume from the last checkpoint')
   return (f'process {jax.process_index()}\'s main thread has made no progress for {stalled_s:.0f} s '
           f'(distributed.stall_timeout_s is {timeout_s:g}; a deadlock, or a wait that never ends), at {at}; '
-          f'{resume}')
+          f'{resume_advice(saved)}')
 
 
 def stop_line(process: int, silent_s: float, timeout_s: float, reason: str | None, saved: int | None) -> str:
@@ -85,11 +85,8 @@ def stop_line(process: int, silent_s: float, timeout_s: float, reason: str | Non
   if reason:
     return (f'another process stopped ({who}: {reason}); fix that and restart every process with the same '
             '--workdir')
-  resume = (f'the newest checkpoint every process wrote is step {saved}: restart every process with the same '
-            '--workdir to resume from it' if saved is not None else
-            'restart every process with the same --workdir to resume from the last checkpoint')
   return (f'{who} stopped answering: no sign of life for {silent_s:.0f} s (distributed.heartbeat_timeout_s is '
-          f'{timeout_s:g}): it hangs, was stopped or died; {resume}')
+          f'{timeout_s:g}): it hangs, was stopped or died; {resume_advice(saved)}')
 
 
 class Liveness:
@@ -170,7 +167,6 @@ class Liveness:
       if found is None:
         continue
       process, silent_s = found
-      from jaxdecouple.processes import newest_saved_by_all, reason_of
       asked = {}  # the store may be the silent one: ask it from a thread, at most 3 s
 
       def ask():
@@ -203,14 +199,12 @@ class Liveness:
     at, waiting = main_thread_at()
     if waiting and stalled_s <= self.stall_timeout_s + WAITING_GRACE_S:
       return
-    from jaxdecouple.processes import newest_saved_by_all
     line = stall_line(stalled_s, self.stall_timeout_s, at, newest_saved_by_all())
     try:
       self.client.key_value_set(STALL_KEY.format(self.run), f'{self.me}\t{line}')  # fails if one claimed first
     except Exception:  # noqa: BLE001  another process claimed it first: the next beat reads its line
       return
     self.claim = f'{self.me}\t{line}'
-    from jaxdecouple.processes import tell_the_others
     tell_the_others(line)
     self.stop(line, together=True)
 
@@ -222,13 +216,11 @@ class Liveness:
     others (-6) and a peer exiting alone would break the transfers another's main thread waits in."""
     if self.quit.is_set():  # the run ended meanwhile (or this process's own stop began: it has its own line)
       return
-    from jaxdecouple.processes import STOPPING
     STOPPING.set()
     logging.flush()
     print(f'error: {line}', file=sys.stderr, flush=True)
     sys.stdout.flush()
     if together:
-      from jaxdecouple.processes import leave_together
       leave_together()
     os._exit(2)
 

@@ -150,6 +150,14 @@ def newest_saved_by_all() -> int | None:
   return min(steps)
 
 
+def resume_advice(saved: int | None) -> str:
+  """How to go on after a multi-process run stopped: from ``saved``, the newest step every process wrote."""
+  if saved is None:
+    return 'restart every process with the same --workdir to resume from the last checkpoint'
+  return (f'the newest checkpoint every process wrote is step {saved}: restart every process with the same '
+          '--workdir to resume from it')
+
+
 def reason_of(process: int) -> str | None:
   """What ``process`` published before it stopped (``tell_the_others``), if anything."""
   from jax._src import distributed
@@ -238,12 +246,8 @@ def peers_watched(heartbeat_s: float):
     who = ('process 0 (it runs the coordination service)' if missing is None else
            f'process {", ".join(map(str, missing))}' if missing else 'another process')
     first = text.strip().splitlines()[0][:160]
-    saved = newest_saved_by_all()
-    resume = (f'the newest checkpoint every process wrote is step {saved}: restart every process with the same '
-              '--workdir to resume from it' if saved is not None else
-              'restart every process with the same --workdir to resume from the last checkpoint')
     raise ProcessError(f'{who} stopped answering during a collective or transfer ({first}): it died or was '
-                       f'killed; {resume}') from None
+                       f'killed; {resume_advice(newest_saved_by_all())}') from None
 
 
 STOPPING = threading.Event()  # across processes: the watch (liveness.py) has printed this process's one line and

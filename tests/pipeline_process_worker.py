@@ -58,8 +58,40 @@ def count_training_images() -> dict:
   return counts
 
 
-def main(process_id: int, port: int, workdir: str, out: str, runs: list[str]):
+def die():
+  """As a crashed machine: gone at once."""
+  os.kill(os.getpid(), signal.SIGKILL)
+
+
+def deadlock():
+  """As a deadlock in the process's own code: the calling thread waits for ever, the others run on."""
+  import threading
+  lock = threading.Lock()
+  lock.acquire()
+  lock.acquire()
+
+
+AFTER_CHECKPOINT = {'die': die, 'stall': deadlock}  # RUN options: what process P does after its step S
+
+
+def after_checkpoint(option: str, process_id: int, action) -> None:
+  """With ``option`` 'P@S', this process (if it is P) runs ``action`` right after its checkpoint of step S is
+  written."""
   from jaxdecouple.checkpoint import Checkpointer
+  who, _, when = option.partition('@')
+  if int(who) != process_id:
+    return
+  at, save = int(when), Checkpointer.save
+
+  def save_then(self, step, state):
+    save(self, step, state)
+    if step == at:
+      self.wait()
+      action()
+  Checkpointer.save = save_then
+
+
+def main(process_id: int, port: int, workdir: str, out: str, runs: list[str]):
   from jaxdecouple.train import train_and_evaluate
   workdir = workdir.replace('{process}', str(process_id))  # each process its own path, as two hosts may have
   counts = count_training_images()
@@ -67,31 +99,9 @@ def main(process_id: int, port: int, workdir: str, out: str, runs: list[str]):
     counts['images'] = 0
     name, method, k, steps, *extra = spec.split(':')
     options = dict(e.split('=') for e in extra)
-    who, _, when = options.get('die', '').partition('@')
-    die_at = int(when) if who and int(who) == process_id else 0
-    if die_at:
-      save = Checkpointer.save
-
-      def save_then_die(self, step, state, save=save):
-        save(self, step, state)
-        if step == die_at:
-          self.wait()
-          os.kill(os.getpid(), signal.SIGKILL)
-      Checkpointer.save = save_then_die
-    who, _, when = options.get('stall', '').partition('@')
-    stall_at = int(when) if who and int(who) == process_id else 0
-    if stall_at:
-      save = Checkpointer.save
-
-      def save_then_stall(self, step, state, save=save):
-        save(self, step, state)
-        if step == stall_at:
-          self.wait()
-          import threading
-          lock = threading.Lock()
-          lock.acquire()
-          lock.acquire()  # a deadlock: never returns
-      Checkpointer.save = save_then_stall
+    for option, action in AFTER_CHECKPOINT.items():
+      if option in options:
+        after_checkpoint(options[option], process_id, action)
     config = pipeline_config(method, int(k), int(steps), stream=name.endswith('_stream'),
                              every=int(options.get('ckpt', 0)))
     config.pipeline.data_parallel = int(options.get('dp', 1))

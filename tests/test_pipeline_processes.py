@@ -260,7 +260,7 @@ def test_a_deadlocked_main_thread_stops_every_process_with_one_line(tmp_path, st
   assert not any('Traceback' in out for out in outs), outs
   mine = lines[stuck][0]
   assert mine.startswith(f"error: process {stuck}'s main thread has made no progress for ") and \
-      'in save_then_stall (from train.py' in mine and 'the newest checkpoint every process wrote is step 4' in mine, mine
+      'in deadlock (from train.py' in mine and 'the newest checkpoint every process wrote is step 4' in mine, mine
   who = 'process 0 (it runs the coordination service)' if stuck == 0 else 'process 1'
   assert lines[other][0] == f'error: another process stopped ({who}: {mine[len("error: "):]}); fix that and ' \
       'restart every process with the same --workdir', lines
