@@ -243,12 +243,15 @@ def test_divergence_over_processes_stops_every_process_with_one_line(tmp_path):
 def test_a_deadlocked_main_thread_stops_every_process_with_one_line(tmp_path, stuck):
   """One process's main thread deadlocks right after its checkpoint at step 4 (a lock taken twice), its other
   threads running on, so it keeps beating and the heartbeat alone never stops anyone (before: both waited for
-  ever). With distributed.stall_timeout_s = 10, that process stops with one line naming itself and where its
-  main thread is stuck, and the other (waiting for its activations or gradients, or in an agreement) stops with
-  that line; both exit 2 within a bound (not -6: process 0 hosts the coordination service, and the two leave
-  it together), and the checkpoint of step 4 both wrote is named and intact."""
+  ever). With distributed.stall_timeout_s = 10 (scaled for a loaded machine), that process stops with one line
+  naming itself and where its main thread is stuck, and the other (waiting for its activations or gradients,
+  or in an agreement) stops with that line; both exit 2 within a bound (not -6: process 0 hosts the
+  coordination service, and the two leave it together), and the checkpoint of step 4 both wrote is named and
+  intact."""
   steps, ckpt, other = 60, tmp_path / 'w' / 'st' / 'checkpoints', 1 - stuck
-  procs = start(tmp_path, 1, [f'st:fdg:2:{steps}:ckpt=2:stall={stuck}@4:stall_s=10'])
+  # 10 s on an unloaded machine: more than the first step's compilation, which marks no progress while it runs
+  stall_s = round(scaled_timeout(10))
+  procs = start(tmp_path, 1, [f'st:fdg:2:{steps}:ckpt=2:stall={stuck}@4:stall_s={stall_s}'])
   try:
     outs = [communicate_within(p, 150, f'waiting for process {i} to stop after process {stuck} deadlocked')[0]
             for i, p in enumerate(procs)]
