@@ -121,10 +121,8 @@ class Liveness:
       elif read != value:
         self.seen[p] = (read, now)
     if self.stall_timeout_s and self.claim is None:
-      try:
+      with contextlib.suppress(Exception):  # the key is absent until a process claims a stall
         self.claim = self.client.key_value_try_get(STALL_KEY.format(self.run))
-      except Exception:  # noqa: BLE001  no claim
-        pass
     self.round_ended = time.monotonic()
 
   def beating(self) -> None:
