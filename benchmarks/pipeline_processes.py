@@ -41,7 +41,10 @@ def parse_args(argv=None):
   p.add_argument('--pipelines', default='fdg', help='comma-separated pipeline methods, each K = 2 over the 2 '
                  'processes: fdg, adl, ddg, fr, dgl, gpipe, 1f1b, zb_h1')
   p.add_argument('--micro_batches', type=int, default=4, help='gpipe, 1f1b, zb_h1: micro-batches per iteration')
-  p.add_argument('--split', default='auto', help="pipeline.split: auto (the paper's reference split), balanced, ...")
+  p.add_argument('--split', default='auto', help="pipeline.split: auto (the paper's reference split), balanced, "
+                 "explicit blocks (s1b8), or timed: each method's stages balanced by measured seconds "
+                 "(pipeline.timed_split, measured once per method in a process pinned to one core, at the batch "
+                 "one stage call processes)")
   p.add_argument('--role', default='', help=argparse.SUPPRESS)  # bp | stage:PROCESS_ID:PORT:METHOD (a child)
   p.add_argument('--json_out', default='', help='also append the JSON lines to this file')
   return p.parse_args(argv)
@@ -95,10 +98,29 @@ def child(args) -> dict:
   return out
 
 
-def launch(args, role: str, cores: list[int]) -> subprocess.Popen:
+SYNCHRONOUS = ('gpipe', '1f1b', 'zb_h1')
+
+
+def time_split(args) -> dict:
+  """The timed split of a child role ``split:METHOD``: stages balanced by each block's measured seconds at the
+  batch one stage call of METHOD processes (a micro-batch for the synchronous schedules)."""
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  import jax
+  jax.config.update('jax_num_cpu_devices', 1)
+  from jaxdecouple.models import build_model
+  from jaxdecouple.pipeline import split_names, timed_split
+  method = args.role.split(':')[1]
+  batch = args.batch // args.micro_batches if method in SYNCHRONOUS else args.batch
+  model = build_model(args.model, 10)
+  split = timed_split(model, 2, (32, 32, 3), batch)
+  return {'split': split_names(model, split), 'stage_seconds': [round(c, 5) for c in split.stage_costs()],
+          'timed_batch': batch}
+
+
+def launch(args, role: str, cores: list[int], split: str | None = None) -> subprocess.Popen:
   cmd = [sys.executable, os.path.abspath(__file__), f'--model={args.model}', f'--batch={args.batch}',
          f'--warmup={args.warmup}', f'--iters={args.iters}', f'--micro_batches={args.micro_batches}',
-         f'--split={args.split}', f'--role={role}']
+         f'--split={split or args.split}', f'--role={role}']
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
   return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                           preexec_fn=lambda: os.sched_setaffinity(0, cores))
@@ -119,7 +141,7 @@ def result(procs) -> list[dict]:
 def main(argv=None):
   args = parse_args(argv)
   if args.role:
-    print(json.dumps(child(args)), flush=True)
+    print(json.dumps(time_split(args) if args.role.startswith('split:') else child(args)), flush=True)
     return None
   cores = sorted(os.sched_getaffinity(0))
   if len(cores) < 2:
@@ -128,21 +150,27 @@ def main(argv=None):
     with socket.socket() as s:
       s.bind(('127.0.0.1', 0))
       return s.getsockname()[1]
-  runs = [('bp', '1 process, 1 core', lambda: [launch(args, 'bp', cores[:1])]),
-          ('bp', '1 process, 2 cores', lambda: [launch(args, 'bp', cores[:2])])]
+  runs = [('bp', '1 process, 1 core', lambda: [launch(args, 'bp', cores[:1])], None),
+          ('bp', '1 process, 2 cores', lambda: [launch(args, 'bp', cores[:2])], None)]
+  splits = {}  # method -> its timed split (--split=timed), measured before any run starts
   for method in args.pipelines.split(','):
-    name = f'{method} K=2' + (f' M={args.micro_batches}' if method in ('gpipe', '1f1b', 'zb_h1') else '')
+    if args.split == 'timed':
+      splits[method] = result([launch(args, f'split:{method}', cores[:1])])[0]
+      print(f'timed split for {method}: {splits[method]}', flush=True)
+    name = f'{method} K=2' + (f' M={args.micro_batches}' if method in SYNCHRONOUS else '')
     runs.append((name, '2 processes, 1 core each',
-                 lambda method=method, port=None: [launch(args, f'stage:{i}:{port}:{method}', [cores[i]])
-                                                    for port in [free_port()] for i in range(2)]))
+                 lambda method=method, port=None: [
+                     launch(args, f'stage:{i}:{port}:{method}', [cores[i]], splits.get(method, {}).get('split'))
+                     for port in [free_port()] for i in range(2)], method))
   records = []
-  for name, where, start in runs:  # one after another: every run has the machine to itself
+  for name, where, start, method in runs:  # one after another: every run has the machine to itself
     got = result(start())
     seconds, streamed = (max(r[k] for r in got) for k in ('seconds_per_iter', 'streamed_seconds_per_iter'))
     records.append({'model': args.model, 'batch': args.batch, 'run': name, 'where': where,
                     'seconds_per_iter': seconds, 'images_per_sec': round(args.batch / seconds, 1),
                     'streamed_seconds_per_iter': streamed,
                     'streamed_images_per_sec': round(args.batch / streamed, 1),
+                    **({'split': splits[method]['split'] if method in splits else args.split} if method else {}),
                     **({'stage_busy_s': [r['stage_busy_s'] for r in got],  # a stage idles the rest of the period
                         'bubble_measured': round(1 - statistics.mean(r['stage_busy_s'] for r in got) / seconds, 4)}
                        if 'stage_busy_s' in got[0] else {})})
@@ -153,11 +181,11 @@ def main(argv=None):
     if args.json_out:
       with open(args.json_out, 'a', encoding='utf-8') as f:
         f.write(json.dumps(r) + '\n')
-  print('\n| run | processes and cores | s/iter (median, waiting each) | images/s | vs BP on 1 core | '
+  print('\n| run | processes and cores | split | s/iter (median, waiting each) | images/s | vs BP on 1 core | '
         's/iter streamed | images/s | vs BP on 1 core | bubble (measured) |')
-  print('|---|---|---|---|---|---|---|---|---|')
+  print('|---|---|---|---|---|---|---|---|---|---|')
   for r in records:
-    print(f"| {r['run']} | {r['where']} | {r['seconds_per_iter']:.4f} | {r['images_per_sec']:.1f} | "
+    print(f"| {r['run']} | {r['where']} | {r.get('split', '-')} | {r['seconds_per_iter']:.4f} | {r['images_per_sec']:.1f} | "
           f"{r['vs_bp_1_core']:.3f} | {r['streamed_seconds_per_iter']:.4f} | {r['streamed_images_per_sec']:.1f} | "
           f"{r['streamed_vs_bp_1_core']:.3f} | {r.get('bubble_measured', '-')} |")
   return records

@@ -229,3 +229,17 @@ def test_bytes_per_iteration_counts_each_method_from_what_moves(capsys, tmp_path
   assert by['dp']['per_iteration_mb'] == round((params + 2 * stats + 8) / 1e6, 4)
   assert by['gpipe']['per_iteration_mb'] > 0 and by['gpipe']['busiest_boundary_mb'] >= by['gpipe']['per_iteration_mb']
   assert '| dp |' in capsys.readouterr().out
+
+
+def test_block_times_prints_the_split_that_balances_measured_seconds(capsys):
+  summary = load('block_times').main(['--model=resnet8', '--stages=2', '--batch=2', '--repeats=1'])
+  lines = [json.loads(l) for l in capsys.readouterr().out.splitlines() if l.startswith('{')]
+  blocks = [l for l in lines if 'block' in l]
+  assert [b['block'] for b in blocks] == list(build_model('resnet8', 10).block_names)
+  timed = summary['splits']['timed']
+  # the timed split is the best contiguous cut of the printed block times (an exhaustive check for K = 2)
+  ms = [b['ms'] for b in blocks]
+  best = min(max(sum(ms[:i]), sum(ms[i:])) for i in range(1, len(ms)))
+  assert max(timed['stage_ms']) == pytest.approx(best, abs=0.01)
+  assert timed['largest_over_mean'] <= summary['splits']['flop_balanced']['largest_over_mean'] + 1e-9
+  assert sum(timed['stage_ms']) == pytest.approx(sum(ms), abs=0.05)

@@ -1,10 +1,11 @@
 """Stage splits: the SPEC's reference table, the balanced split, explicit splits and their errors."""
 import itertools
 
+import flax.linen as nn
 import pytest
 
-from jaxdecouple.models import build_model
-from jaxdecouple.pipeline import balanced_boundaries, choose_split
+from jaxdecouple.models import Chain, Model, build_model
+from jaxdecouple.pipeline import balanced_boundaries, block_seconds, choose_split, split_names, timed_split
 
 CIFAR = (32, 32, 3)
 # The SPEC's table, as (section, blocks) per stage: e.g. ResNet-56 K=2 is stem+S1+S2[:4] / S2[4:]+S3.
@@ -67,3 +68,39 @@ def test_auto_falls_back_to_balanced_and_explicit_names_work():
 def test_bad_splits_say_what_is_wrong(how, message):
   with pytest.raises(ValueError, match=message):
     choose_split(build_model('resnet20', 10), 3, how, CIFAR)
+
+
+class _Matmuls(nn.Module):
+  """A block that multiplies its input by a width x width matrix ``repeats`` times: its cost is known."""
+  width: int
+  repeats: int
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    w = self.param('w', nn.initializers.normal(0.01), (self.width, self.width))
+    for _ in range(self.repeats):
+      x = x @ w
+    return x
+
+
+def test_timed_split_balances_measured_seconds():
+  # One block does 12 matrix products and three do 1 each: by time, stage 0 is the heavy block alone
+  # (12 against 3); an even split by count would cut after the second block.
+  heavy, light = _Matmuls(256, 12), _Matmuls(256, 1)
+  model = Model('matmuls', Chain(('heavy', 'a', 'b', 'c'), (heavy, light, light, light)), num_classes=256)
+  seconds = block_seconds(model, (256,), batch=256, repeats=3)
+  assert len(seconds) == 4 and min(seconds) > 0
+  assert seconds[1] == seconds[2] == seconds[3]  # identical blocks on identical inputs: timed once
+  assert seconds[0] > 4 * seconds[1]
+  split = timed_split(model, 2, (256,), batch=256, repeats=3)
+  assert split.how == 'timed' and split.boundaries == (1,)
+  assert split_names(model, split) == 'a'
+  assert choose_split(model, 2, split_names(model, split), (256,)).boundaries == split.boundaries
+
+
+def test_timed_split_of_resnet8_names_blocks_choose_split_accepts():
+  model = build_model('resnet8', 10)
+  split = timed_split(model, 3, CIFAR, batch=4, repeats=1)
+  assert len(split.block_costs) == len(model.block_names) and min(split.block_costs) > 0
+  assert split.boundaries == balanced_boundaries(split.block_costs, 3)
+  assert choose_split(model, 3, split_names(model, split), CIFAR).boundaries == split.boundaries

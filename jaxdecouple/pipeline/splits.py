@@ -4,16 +4,28 @@
 (the stem always goes with stage 0, the head with stage K-1). ``balanced``: contiguous stages that
 minimise the largest stage's estimated cost (XLA's FLOP count of each block's training forward).
 An explicit list of block names or indices is accepted too.
+
+:func:`timed_split` balances measured seconds instead (:func:`block_seconds`: each block's training forward
+and backward, timed on the device at the batch one call processes). Why it exists: FLOPs are not time. On
+XLA:CPU ResNet-56's early, high-resolution blocks take about twice the seconds per FLOP of its late ones, so
+the FLOP-balanced split leaves stage 0 with about twice stage 1's work and stage 1 idle half of every
+iteration (docs/PERFORMANCE.md). It is not a ``pipeline.split`` value on purpose: a split measured at start-up
+could differ between the processes of one run and between a run and its resume (timings vary), and the stages'
+variables follow the split. ``benchmarks/block_times.py`` measures once and prints the split to write into the
+config, where it stays fixed.
 """
 from __future__ import annotations
 
 import dataclasses
+import statistics
+import time
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from jaxdecouple.models import Model
+from jaxdecouple.models import Chain, Model
 
 # (model, K) -> first block of stages 1..K-1, transcribed from the SPEC's "Reference splits" table.
 REFERENCE_SPLITS: dict[tuple[str, int], tuple[str, ...]] = {
@@ -34,7 +46,7 @@ REFERENCE_SPLITS: dict[tuple[str, int], tuple[str, ...]] = {
 @dataclasses.dataclass(frozen=True)
 class Split:
   boundaries: tuple[int, ...]   # first block index of stages 1..K-1
-  how: str                      # 'reference', 'balanced' or 'explicit'
+  how: str                      # 'reference', 'balanced', 'timed' or 'explicit'
   block_costs: tuple[float, ...]
 
   def stage_blocks(self, model: Model) -> list[tuple[str, ...]]:
@@ -74,6 +86,62 @@ def block_flops(model: Model, image_shape: Sequence[int], batch: int = 8) -> tup
     costs.append(flops)
   _FLOP_CACHE[key] = tuple(costs)
   return _FLOP_CACHE[key]
+
+
+def block_seconds(model: Model, input_shape: Sequence[int], batch: int, input_dtype=jnp.float32,
+                  repeats: int = 5, device: jax.Device | None = None) -> tuple[float, ...]:
+  """Measured seconds of each block's training step on ``device`` (default: the first) at ``batch`` examples:
+  its forward in training mode (BatchNorm on the batch's statistics) and the backward to its parameters and
+  its input, as one compiled call; the median of ``repeats`` calls after a compiling one, each waited for.
+  Identical blocks on identical inputs are timed once (ResNet-1202). The pipeline's stage calls add the
+  optimizer update and the transfers, which this leaves out: a stage costs about the sum of its blocks."""
+  device = device or jax.devices()[0]
+  rng = np.random.default_rng(0)
+  if jnp.issubdtype(input_dtype, jnp.integer):
+    x = jax.device_put(jnp.zeros((batch, *input_shape), input_dtype), device)
+  else:
+    x = jax.device_put(jnp.asarray(rng.standard_normal((batch, *input_shape)), input_dtype), device)
+  seconds, known = [], {}
+  for name, module in zip(model.chain.names, model.chain.modules):
+    key = (module, x.shape, x.dtype)
+    if key not in known:
+      one = Chain((name,), (module,))  # the model's own init and apply, for one block
+      variables = jax.device_put(one.init(jax.random.key(0), x), device)
+      params, rest = variables.get('params', {}), {c: v for c, v in variables.items() if c != 'params'}
+      wrt_input = jnp.issubdtype(x.dtype, jnp.inexact)
+
+      def step(params, x, one=one, rest=rest, wrt_input=wrt_input):
+        forward = lambda p, x: one.apply({'params': p, **rest}, x, train=True)[0]
+        if wrt_input:
+          y, pullback = jax.vjp(forward, params, x)
+        else:
+          y, pullback = jax.vjp(lambda p: forward(p, x), params)
+        return y, pullback(jnp.ones_like(y))
+
+      compiled = jax.jit(step).lower(params, x).compile()
+      y, _ = jax.block_until_ready(compiled(params, x))
+      times = []
+      for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(params, x))
+        times.append(time.perf_counter() - start)
+      known[key] = (statistics.median(times), y)
+    elapsed, x = known[key]
+    seconds.append(elapsed)
+  return tuple(seconds)
+
+
+def timed_split(model: Model, k: int, input_shape: Sequence[int], batch: int, **timing) -> Split:
+  """K contiguous stages that minimise the largest stage's measured seconds (:func:`block_seconds` at the
+  batch one stage call processes: the batch for FDG and the other asynchronous methods, a micro-batch for
+  GPipe, 1F1B and ZB-H1). Pass its blocks to ``pipeline.split`` (:func:`split_names`)."""
+  costs = block_seconds(model, input_shape, batch, **timing)
+  return Split(balanced_boundaries(costs, k), 'timed', costs)
+
+
+def split_names(model: Model, split: Split) -> str:
+  """The ``pipeline.split`` value that reproduces ``split``: the first block of stages 1..K-1, e.g. 's1b8'."""
+  return ','.join(model.block_names[b] for b in split.boundaries)
 
 
 def balanced_boundaries(costs: Sequence[float], k: int) -> tuple[int, ...]:
