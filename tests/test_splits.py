@@ -64,7 +64,8 @@ def test_auto_falls_back_to_balanced_and_explicit_names_work():
 
 
 @pytest.mark.parametrize('how,message', [('reference', 'no reference split'), ('s9b9', 'has no block'),
-                                         ('s3b0,s2b0', 'increasing'), ('s2b0', 'needs 2')])
+                                         ('s3b0,s2b0', 'increasing'), ('s2b0', 'needs 2'),
+                                         ('timed', 'benchmarks/block_times.py --model=resnet20 --stages=3')])
 def test_bad_splits_say_what_is_wrong(how, message):
   with pytest.raises(ValueError, match=message):
     choose_split(build_model('resnet20', 10), 3, how, CIFAR)

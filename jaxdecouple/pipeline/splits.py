@@ -187,6 +187,10 @@ def choose_split(model: Model, k: int, how, image_shape: Sequence[int]) -> Split
     how = 'balanced'
   if how == 'balanced':
     return Split(balanced_boundaries(costs, k), 'balanced', costs)
+  if how in ('timed', 'measured'):  # measured once and written down, never at start-up (the module's docstring)
+    raise ValueError(f'pipeline.split={how!r} is not measured at start-up: run python benchmarks/block_times.py '
+                     f'--model={model.name} --stages={k} --batch=B (B: the batch one stage call processes) and '
+                     'put the split it prints in the config, e.g. --config.pipeline.split=s1b8')
   if isinstance(how, str):
     how = [s.strip() for s in how.split(',') if s.strip()]
   bounds = []
