@@ -6,6 +6,7 @@ on one core and on two.
   python benchmarks/pipeline_processes.py --model=resnet56 --batch=128 --warmup=4 --iters=10
   python benchmarks/pipeline_processes.py --model=resnet56 --batch=128 --pipelines=fdg,1f1b,gpipe,zb_h1 \
       --micro_batches=4
+  python benchmarks/pipeline_processes.py --model=resnet56 --batch=32 --pipelines=fdg,1f1b,zb_h1 --split=timed
 
 Each pipeline run also times 3 more iterations call by call (jaxdecouple/pipeline/timeline.py): each process
 the seconds its stage computed in an iteration (from when its calls' outputs really became ready; the
