@@ -2,12 +2,15 @@
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 from jaxdecouple.models import build_model, count_params
+from jaxdecouple.pipeline import choose_split
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -243,3 +246,17 @@ def test_block_times_prints_the_split_that_balances_measured_seconds(capsys):
   assert max(timed['stage_ms']) == pytest.approx(best, abs=0.01)
   assert timed['largest_over_mean'] <= summary['splits']['flop_balanced']['largest_over_mean'] + 1e-9
   assert sum(timed['stage_ms']) == pytest.approx(sum(ms), abs=0.05)
+
+
+@pytest.mark.parametrize('method,timed_batch', [('fdg', 8), ('1f1b', 2)])
+def test_pipeline_processes_times_each_methods_split_at_its_call_batch(method, timed_batch):
+  # --split=timed: a child pinned to one core measures the split at the batch one stage call processes (the
+  # batch for FDG, a micro-batch for 1F1B) and names blocks that pipeline.split accepts
+  out = subprocess.run([sys.executable, os.path.join(ROOT, 'benchmarks', 'pipeline_processes.py'), '--model=resnet8',
+                        '--batch=8', '--micro_batches=4', f'--role=split:{method}'],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  assert out.returncode == 0, out.stderr[-2000:]
+  got = json.loads(next(l for l in out.stdout.splitlines() if l.startswith('{')))
+  assert got['timed_batch'] == timed_batch and len(got['stage_seconds']) == 2 and min(got['stage_seconds']) > 0
+  model = build_model('resnet8', 10)
+  assert choose_split(model, 2, got['split'], (32, 32, 3)).how == 'explicit'
