@@ -2,7 +2,7 @@
 
   python benchmarks/block_times.py --model=resnet56 --stages=2 --batch=32
   python benchmarks/block_times.py --model=resnet56 --stages=2 --batch=8      # 1F1B's micro-batch of 32 / 4
-  python benchmarks/block_times.py --model=gpt8 --stages=4 --batch=8 --input_shape=256 --input_dtype=int32
+  python benchmarks/block_times.py --model=gpt_small --stages=4 --batch=8 --input_shape=128 --input_dtype=int32
 
 Times each block's forward in training mode and its backward (to its parameters and its input) as one compiled
 call on the first device, at the batch one stage call processes (the batch for FDG, ADL, DDG, FR and DGL; a

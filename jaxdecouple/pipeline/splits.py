@@ -7,7 +7,7 @@ An explicit list of block names or indices is accepted too.
 
 :func:`timed_split` balances measured seconds instead (:func:`block_seconds`: each block's training forward
 and backward, timed on the device at the batch one call processes). Why it exists: FLOPs are not time. On
-XLA:CPU ResNet-56's early, high-resolution blocks take about twice the seconds per FLOP of its late ones, so
+XLA:CPU ResNet-56's early, high-resolution blocks take 2.3-2.9x the seconds per FLOP of its later ones, so
 the FLOP-balanced split leaves stage 0 with about twice stage 1's work and stage 1 idle half of every
 iteration (docs/PERFORMANCE.md). It is not a ``pipeline.split`` value on purpose: a split measured at start-up
 could differ between the processes of one run and between a run and its resume (timings vary), and the stages'
