@@ -58,3 +58,35 @@ def test_one_process_meets_nobody(monkeypatch):
   monkeypatch.setattr(processes, '_MEETINGS', [0])
   processes.meet('anything', timeout_s=0)  # no coordinator needed, and no key used
   assert processes._MEETINGS == [0]
+
+
+class Exited(BaseException):
+  """Stands in for the watch's ``os._exit``, which ends the process while the main thread waits."""
+
+
+def test_a_wait_that_the_watchs_leaving_breaks_says_nothing_more(as_process_0_of_2, monkeypatch):
+  """The watch (liveness.py) printed this process's one line on a peer's stall claim and leaves the
+  coordination service with the others; the main thread, waiting in a meeting, then fails (the store is shut
+  down). Before: that failure printed a second line, 'process 1 did not finish ...' (seen in CI). Now it waits,
+  unpublished, for the watch to end the process; with no stop under way the same failure is this process's line."""
+  as_process_0_of_2(FakeStore())
+  slept = []
+
+  def sleep(s):
+    slept.append(s)
+    raise Exited
+  monkeypatch.setattr(processes.time, 'sleep', sleep)
+  monkeypatch.setattr(processes, 'STOPPING', processes.threading.Event())
+  monkeypatch.setattr(processes, 'tell_the_others', lambda line: pytest.fail(f'published a second line: {line}'))
+  processes.STOPPING.set()
+  with pytest.raises(Exited), processes.peers_watched(20.0):
+    processes.meet('the transfers', timeout_s=0.1)
+  assert slept == [processes.STOPPING_WAIT_S]
+
+  told = []
+  monkeypatch.setattr(processes, 'tell_the_others', told.append)
+  processes.STOPPING.clear()
+  with pytest.raises(ProcessError) as e, processes.peers_watched(20.0):
+    processes.meet('the transfers', timeout_s=0.1)
+  assert told == [str(e.value)] and 'process 1 did not finish the transfers' in told[0]
+  assert slept == [processes.STOPPING_WAIT_S]  # no wait without a stop under way
