@@ -7,6 +7,8 @@ on one core and on two.
   python benchmarks/pipeline_processes.py --model=resnet56 --batch=128 --pipelines=fdg,1f1b,gpipe,zb_h1 \
       --micro_batches=4
   python benchmarks/pipeline_processes.py --model=resnet56 --batch=32 --pipelines=fdg,1f1b,zb_h1 --split=timed
+  python benchmarks/pipeline_processes.py --model=resnet56 --batch=32 --pipelines=fdg,1f1b --split=timed \
+      --iters=20 --rounds=5      # interleaved repeats: medians, and FDG / 1F1B round by round
 
 Each pipeline run also times 3 more iterations call by call (jaxdecouple/pipeline/timeline.py): each process
 the seconds its stage computed in an iteration (from when its calls' outputs really became ready; the
@@ -47,8 +49,15 @@ def parse_args(argv=None):
                  "(pipeline.timed_split, measured once per method in a process pinned to one core, at the batch "
                  "one stage call processes)")
   p.add_argument('--role', default='', help=argparse.SUPPRESS)  # bp | stage:PROCESS_ID:PORT:METHOD (a child)
+  p.add_argument('--rounds', type=int, default=1, help='repeat every run this many times, interleaved (round 1 '
+                 'runs each once, then round 2, ...), and print the medians across rounds and, per round, the first '
+                 "pipeline's images/s over each other's beside what the measured bubbles predict: a shared host's "
+                 'noise moves single runs by 10-20%%')
   p.add_argument('--json_out', default='', help='also append the JSON lines to this file')
-  return p.parse_args(argv)
+  args = p.parse_args(argv)
+  if args.rounds < 1:
+    p.error(f'--rounds must be at least 1, got {args.rounds}')
+  return args
 
 
 def child(args) -> dict:
@@ -164,33 +173,90 @@ def main(argv=None):
                      launch(args, f'stage:{i}:{port}:{method}', [cores[i]], splits.get(method, {}).get('split'))
                      for port in [free_port()] for i in range(2)], method))
   records = []
-  for name, where, start, method in runs:  # one after another: every run has the machine to itself
-    got = result(start())
-    seconds, streamed = (max(r[k] for r in got) for k in ('seconds_per_iter', 'streamed_seconds_per_iter'))
-    records.append({'model': args.model, 'batch': args.batch, 'run': name, 'where': where,
-                    'seconds_per_iter': seconds, 'images_per_sec': round(args.batch / seconds, 1),
-                    'streamed_seconds_per_iter': streamed,
-                    'streamed_images_per_sec': round(args.batch / streamed, 1),
-                    **({'split': splits[method]['split'] if method in splits else args.split} if method else {}),
-                    **({'stage_busy_s': [r['stage_busy_s'] for r in got],  # a stage idles the rest of the period
-                        'bubble_measured': round(1 - statistics.mean(r['stage_busy_s'] for r in got) / seconds, 4)}
-                       if 'stage_busy_s' in got[0] else {})})
-  for r in records:
-    r['vs_bp_1_core'] = round(r['images_per_sec'] / records[0]['images_per_sec'], 3)
-    r['streamed_vs_bp_1_core'] = round(r['streamed_images_per_sec'] / records[0]['streamed_images_per_sec'], 3)
-    print(json.dumps(r), flush=True)
-    if args.json_out:
-      with open(args.json_out, 'a', encoding='utf-8') as f:
-        f.write(json.dumps(r) + '\n')
+  for r in range(args.rounds):  # interleaved: a slow spell of the machine touches every run alike
+    got_round = []
+    for name, where, start, method in runs:  # one after another: every run has the machine to itself
+      got = result(start())
+      seconds, streamed = (max(g[k] for g in got) for k in ('seconds_per_iter', 'streamed_seconds_per_iter'))
+      got_round.append({'model': args.model, 'batch': args.batch, 'run': name, 'where': where,
+                        'seconds_per_iter': seconds, 'images_per_sec': round(args.batch / seconds, 1),
+                        'streamed_seconds_per_iter': streamed,
+                        'streamed_images_per_sec': round(args.batch / streamed, 1),
+                        **({'split': splits[method]['split'] if method in splits else args.split} if method else {}),
+                        **({'stage_busy_s': [g['stage_busy_s'] for g in got],  # a stage idles the rest of the period
+                            'bubble_measured': round(1 - statistics.mean(g['stage_busy_s'] for g in got) / seconds, 4)}
+                           if 'stage_busy_s' in got[0] else {}),
+                        **({'round': r} if args.rounds > 1 else {})})
+    for g in got_round:
+      g['vs_bp_1_core'] = round(g['images_per_sec'] / got_round[0]['images_per_sec'], 3)
+      g['streamed_vs_bp_1_core'] = round(g['streamed_images_per_sec'] / got_round[0]['streamed_images_per_sec'], 3)
+      print(json.dumps(g), flush=True)
+      if args.json_out:
+        with open(args.json_out, 'a', encoding='utf-8') as f:
+          f.write(json.dumps(g) + '\n')
+    records.extend(got_round)
   print('\n| run | processes and cores | split | s/iter (median, waiting each) | images/s | vs BP on 1 core | '
-        's/iter streamed | images/s | vs BP on 1 core | bubble (measured) |')
-  print('|---|---|---|---|---|---|---|---|---|---|')
+        's/iter streamed | images/s | vs BP on 1 core | bubble (measured) |' + (' round |' if args.rounds > 1 else ''))
+  print('|---|---|---|---|---|---|---|---|---|---|' + ('---|' if args.rounds > 1 else ''))
   for r in records:
     print(f"| {r['run']} | {r['where']} | {r.get('split', '-')} | {r['seconds_per_iter']:.4f} | {r['images_per_sec']:.1f} | "
           f"{r['vs_bp_1_core']:.3f} | {r['streamed_seconds_per_iter']:.4f} | {r['streamed_images_per_sec']:.1f} | "
-          f"{r['streamed_vs_bp_1_core']:.3f} | {r.get('bubble_measured', '-')} |")
+          f"{r['streamed_vs_bp_1_core']:.3f} | {r.get('bubble_measured', '-')} |" + (f" {r['round']} |" if 'round' in r else ''))
+  if args.rounds > 1:
+    summary = across_rounds(records)
+    print(json.dumps({'across_rounds': summary}), flush=True)
+    if args.json_out:
+      with open(args.json_out, 'a', encoding='utf-8') as f:
+        f.write(json.dumps({'across_rounds': summary}) + '\n')
+    print_across_rounds(summary)
   return records
 
+
+def median_range(values: list[float], digits: int = 3) -> dict:
+  return {'median': round(statistics.median(values), digits), 'min': round(min(values), digits),
+          'max': round(max(values), digits)}
+
+
+def across_rounds(records: list[dict]) -> dict:
+  """Per run, the median images/s (waiting each iteration and streamed) and bubble across rounds; then the first
+  pipeline against each other pipeline, round by round (both ran in the same round, minutes apart): its
+  images/s over the other's, waiting and streamed, and what the measured bubbles predict for that ratio,
+  (1 - bubble_first) / (1 - bubble_other) (a model: the stages' busy seconds alike), with the median of the
+  measured ratio over the predicted one."""
+  names = list(dict.fromkeys(r['run'] for r in records))
+  of = lambda name: [r for r in records if r['run'] == name]
+  runs = {}
+  for name in names:
+    rs = of(name)
+    runs[name] = {'rounds': len(rs), 'images_per_sec': median_range([r['images_per_sec'] for r in rs], 1),
+                  'streamed_images_per_sec': median_range([r['streamed_images_per_sec'] for r in rs], 1)}
+    if all('bubble_measured' in r for r in rs):
+      runs[name]['bubble_measured'] = median_range([r['bubble_measured'] for r in rs], 4)
+  pipes = [n for n in names if 'bubble_measured' in runs[n]]
+  ratios = {}
+  for other in pipes[1:]:
+    pairs = [(a, b) for a in of(pipes[0]) for b in of(other) if a.get('round') == b.get('round')]
+    measured = [a['images_per_sec'] / b['images_per_sec'] for a, b in pairs]
+    predicted = [(1 - a['bubble_measured']) / (1 - b['bubble_measured']) for a, b in pairs]
+    ratios[f'{pipes[0]} / {other}'] = {
+        'measured': median_range(measured), 'predicted_by_bubbles': median_range(predicted),
+        'streamed': median_range([a['streamed_images_per_sec'] / b['streamed_images_per_sec'] for a, b in pairs]),
+        'measured_over_predicted': median_range([m / p for m, p in zip(measured, predicted)])}
+  return {'runs': runs, 'ratios': ratios}
+
+
+def print_across_rounds(summary: dict) -> None:
+  span = lambda x: f"{x['median']} [{x['min']}-{x['max']}]"
+  print('\n| run | rounds | images/s, median [range] | streamed images/s | bubble (measured) |')
+  print('|---|---|---|---|---|')
+  for name, r in summary['runs'].items():
+    print(f"| {name} | {r['rounds']} | {span(r['images_per_sec'])} | {span(r['streamed_images_per_sec'])} | "
+          f"{span(r['bubble_measured']) if 'bubble_measured' in r else '-'} |")
+  print('\n| ratio of images/s, per round | measured | streamed | predicted by the bubbles (a model) | measured / predicted |')
+  print('|---|---|---|---|---|')
+  for name, r in summary['ratios'].items():
+    print(f"| {name} | {span(r['measured'])} | {span(r['streamed'])} | {span(r['predicted_by_bubbles'])} | "
+          f"{span(r['measured_over_predicted'])} |")
 
 if __name__ == '__main__':
   main()

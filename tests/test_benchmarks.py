@@ -260,3 +260,24 @@ def test_pipeline_processes_times_each_methods_split_at_its_call_batch(method, t
   assert got['timed_batch'] == timed_batch and len(got['stage_seconds']) == 2 and min(got['stage_seconds']) > 0
   model = build_model('resnet8', 10)
   assert choose_split(model, 2, got['split'], (32, 32, 3)).how == 'explicit'
+
+
+def test_pipeline_processes_compares_pipelines_round_by_round():
+  # --rounds: FDG against each other pipeline within each round (the two ran minutes apart), beside the ratio
+  # the measured bubbles predict; medians across rounds. Records made here, the ratios worked out by hand.
+  rec = lambda run, ips, streamed, bubble, r: {'run': run, 'images_per_sec': ips, 'streamed_images_per_sec': streamed,
+                                               'round': r, **({'bubble_measured': bubble} if bubble is not None else {})}
+  records = [rec('bp', 70.0, 70.0, None, 0), rec('fdg K=2', 120.0, 110.0, 0.10, 0), rec('1f1b K=2 M=4', 100.0, 100.0, 0.25, 0),
+             rec('bp', 60.0, 60.0, None, 1), rec('fdg K=2', 130.0, 120.0, 0.20, 1), rec('1f1b K=2 M=4', 130.0, 100.0, 0.20, 1),
+             rec('bp', 80.0, 80.0, None, 2), rec('fdg K=2', 90.0, 99.0, 0.40, 2), rec('1f1b K=2 M=4', 100.0, 90.0, 0.25, 2)]
+  summary = load('pipeline_processes').across_rounds(records)
+  assert summary['runs']['fdg K=2']['images_per_sec'] == {'median': 120.0, 'min': 90.0, 'max': 130.0}
+  assert 'bubble_measured' not in summary['runs']['bp'] and summary['runs']['bp']['rounds'] == 3
+  assert summary['runs']['1f1b K=2 M=4']['bubble_measured'] == {'median': 0.25, 'min': 0.2, 'max': 0.25}
+  ratio = summary['ratios']['fdg K=2 / 1f1b K=2 M=4']
+  assert list(summary['ratios']) == ['fdg K=2 / 1f1b K=2 M=4']
+  # per round: measured 1.2, 1.0, 0.9; predicted (0.9/0.75, 0.8/0.8, 0.6/0.75) = 1.2, 1.0, 0.8; streamed 1.1, 1.2, 1.1
+  assert ratio['measured'] == {'median': 1.0, 'min': 0.9, 'max': 1.2}
+  assert ratio['predicted_by_bubbles'] == {'median': 1.0, 'min': 0.8, 'max': 1.2}
+  assert ratio['streamed'] == {'median': 1.1, 'min': 1.1, 'max': 1.2}
+  assert ratio['measured_over_predicted'] == {'median': 1.0, 'min': 1.0, 'max': 1.125}
