@@ -223,8 +223,12 @@ def across_rounds(records: list[dict]) -> dict:
   images/s over the other's, waiting and streamed, and what the measured bubbles predict for that ratio,
   (1 - bubble_first) / (1 - bubble_other) (a model: the stages' busy seconds alike), with the median of the
   measured ratio over the predicted one."""
-  names = list(dict.fromkeys(r['run'] for r in records))
-  of = lambda name: [r for r in records if r['run'] == name]
+  wheres = {}
+  for r in records:
+    wheres.setdefault(r['run'], set()).add(r.get('where'))
+  label = lambda r: r['run'] if len(wheres[r['run']]) == 1 else f"{r['run']}, {r['where']}"  # BP on 1 core, on 2
+  names = list(dict.fromkeys(label(r) for r in records))
+  of = lambda name: [r for r in records if label(r) == name]
   runs = {}
   for name in names:
     rs = of(name)

@@ -265,14 +265,20 @@ def test_pipeline_processes_times_each_methods_split_at_its_call_batch(method, t
 def test_pipeline_processes_compares_pipelines_round_by_round():
   # --rounds: FDG against each other pipeline within each round (the two ran minutes apart), beside the ratio
   # the measured bubbles predict; medians across rounds. Records made here, the ratios worked out by hand.
-  rec = lambda run, ips, streamed, bubble, r: {'run': run, 'images_per_sec': ips, 'streamed_images_per_sec': streamed,
-                                               'round': r, **({'bubble_measured': bubble} if bubble is not None else {})}
-  records = [rec('bp', 70.0, 70.0, None, 0), rec('fdg K=2', 120.0, 110.0, 0.10, 0), rec('1f1b K=2 M=4', 100.0, 100.0, 0.25, 0),
-             rec('bp', 60.0, 60.0, None, 1), rec('fdg K=2', 130.0, 120.0, 0.20, 1), rec('1f1b K=2 M=4', 130.0, 100.0, 0.20, 1),
-             rec('bp', 80.0, 80.0, None, 2), rec('fdg K=2', 90.0, 99.0, 0.40, 2), rec('1f1b K=2 M=4', 100.0, 90.0, 0.25, 2)]
+  rec = lambda run, ips, streamed, bubble, r, where='2 processes': {
+      'run': run, 'where': where, 'images_per_sec': ips, 'streamed_images_per_sec': streamed, 'round': r,
+      **({'bubble_measured': bubble} if bubble is not None else {})}
+  records = []
+  for r, (bp, fdg, other) in enumerate([((70.0, 70.0, None), (120.0, 110.0, 0.10), (100.0, 100.0, 0.25)),
+                                        ((60.0, 60.0, None), (130.0, 120.0, 0.20), (130.0, 100.0, 0.20)),
+                                        ((80.0, 80.0, None), (90.0, 99.0, 0.40), (100.0, 90.0, 0.25))]):
+    records += [rec('bp', *bp, r, where='1 core'), rec('bp', 2 * bp[0], 2 * bp[1], None, r, where='2 cores'),
+                rec('fdg K=2', *fdg, r), rec('1f1b K=2 M=4', *other, r)]
   summary = load('pipeline_processes').across_rounds(records)
+  assert list(summary['runs']) == ['bp, 1 core', 'bp, 2 cores', 'fdg K=2', '1f1b K=2 M=4']  # BP's two kept apart
+  assert summary['runs']['bp, 2 cores']['images_per_sec'] == {'median': 140.0, 'min': 120.0, 'max': 160.0}
   assert summary['runs']['fdg K=2']['images_per_sec'] == {'median': 120.0, 'min': 90.0, 'max': 130.0}
-  assert 'bubble_measured' not in summary['runs']['bp'] and summary['runs']['bp']['rounds'] == 3
+  assert 'bubble_measured' not in summary['runs']['bp, 1 core'] and summary['runs']['bp, 1 core']['rounds'] == 3
   assert summary['runs']['1f1b K=2 M=4']['bubble_measured'] == {'median': 0.25, 'min': 0.2, 'max': 0.25}
   ratio = summary['ratios']['fdg K=2 / 1f1b K=2 M=4']
   assert list(summary['ratios']) == ['fdg K=2 / 1f1b K=2 M=4']
