@@ -287,3 +287,25 @@ def test_pipeline_processes_compares_pipelines_round_by_round():
   assert ratio['predicted_by_bubbles'] == {'median': 1.0, 'min': 0.8, 'max': 1.2}
   assert ratio['streamed'] == {'median': 1.1, 'min': 1.1, 'max': 1.2}
   assert ratio['measured_over_predicted'] == {'median': 1.0, 'min': 1.0, 'max': 1.125}
+
+
+def test_pipeline_processes_runs_each_method_at_its_timed_split_in_rounds():
+  # The whole path a user runs: each method's split timed in a child, then 2 rounds of BP (1 core, 2 cores), FDG and
+  # 1F1B over 2 processes, and the summary across rounds, recomputed here from the runs' own lines.
+  out = subprocess.run([sys.executable, os.path.join(ROOT, 'benchmarks', 'pipeline_processes.py'), '--model=resnet8',
+                        '--batch=8', '--warmup=3', '--iters=2', '--pipelines=fdg,1f1b', '--micro_batches=2',
+                        '--split=timed', '--rounds=2'],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  assert out.returncode == 0, out.stderr[-3000:]
+  lines = [json.loads(l) for l in out.stdout.splitlines() if l.startswith('{')]
+  runs, summary = [l for l in lines if 'run' in l], next(l['across_rounds'] for l in lines if 'across_rounds' in l)
+  assert [(r['run'], r['round']) for r in runs] == [(n, k) for k in range(2) for n in
+                                                    ('bp', 'bp', 'fdg K=2', '1f1b K=2 M=2')]
+  model = build_model('resnet8', 10)
+  for r in runs[2:4]:
+    assert choose_split(model, 2, r['split'], (32, 32, 3)).how == 'explicit' and 0 <= r['bubble_measured'] < 1
+  ratio = summary['ratios']['fdg K=2 / 1f1b K=2 M=2']
+  by = lambda k, name: next(r for r in runs if r['round'] == k and r['run'] == name)
+  per_round = sorted(by(k, 'fdg K=2')['images_per_sec'] / by(k, '1f1b K=2 M=2')['images_per_sec'] for k in range(2))
+  assert ratio['measured']['min'] == round(per_round[0], 3) and ratio['measured']['max'] == round(per_round[1], 3)
+  assert summary['runs']['bp, 1 process, 2 cores']['rounds'] == 2
