@@ -104,10 +104,11 @@ def sync_config(kind, k=2, m=4, steps=3, **kw):
                                                       'optim.learning_rate': 0.02, **kw})
 
 
-def reference_accumulated_bp(config, steps):
+def reference_accumulated_bp(config, steps, losses=None):
   """BP written out: each step's batch cut into M micro-batches; each micro-batch forwarded through the
   stages in order (every stage's BatchNorm statistics moving once per micro-batch) and back-propagated
-  from its mean loss; the parameter gradients summed over the micro-batches, divided by M, one SGD step."""
+  from its mean loss; the parameter gradients summed over the micro-batches, divided by M, one SGD step.
+  ``losses``: a list that receives each step's mean of its micro-batches' losses (what the step logs)."""
   M = config.pipeline.micro_batches
   ref = SequentialStages(config)
   K = len(ref.params)
@@ -120,10 +121,13 @@ def reference_accumulated_bp(config, steps):
     return optax.softmax_cross_entropy_with_integer_labels(x, labels).mean(), new
   for t in range(steps):
     images, labels = ref.batch(t)
-    total = None
+    total, step_losses = None, []
     for x, y in zip(np.split(np.asarray(images), M), np.split(np.asarray(labels), M)):
-      grads, ref.stats = jax.grad(loss, has_aux=True)(ref.params, x, y, ref.stats)
+      (value, ref.stats), grads = jax.value_and_grad(loss, has_aux=True)(ref.params, x, y, ref.stats)
       total = grads if total is None else jax.tree.map(np.add, total, grads)
+      step_losses.append(float(value))
+    if losses is not None:
+      losses.append(np.mean(step_losses))
     for k in range(K):
       ref.sgd(k, jax.tree.map(lambda g: g / M, total[k]), ref.lr(t))
   return ref.variables()
@@ -138,11 +142,18 @@ def test_synchronous_schedules_equal_accumulated_bp(kind, k, m, devices, workdir
   here) no two passes overlap in time, so the measured bubble is at least 1 - 1/K."""
   from jaxdecouple.pipeline import sync_engine
   monkeypatch.setattr(sync_engine, 'PACK_RESIDUALS_ON', (*sync_engine.PACK_RESIDUALS_ON, 'cpu'))
-  config = sync_config(kind, k, m, profile_every_steps=3, **{'pipeline.num_devices': devices})
+  config = sync_config(kind, k, m, profile_every_steps=3, log_every_steps=1, **{'pipeline.num_devices': devices})
   result = train_and_evaluate(config, workdir)
   assert all(stage.packs_residuals for stage in result.method.pipeline.stages)
-  reference = reference_accumulated_bp(config, 3)
+  losses = []
+  reference = reference_accumulated_bp(config, 3, losses)
   assert_trees_close(result.variables, reference, tol=5e-4)
+  # what an iteration logs (averaged in one compiled call with the learning rate): its micro-batches' mean loss
+  logged = [r for r in read_metrics(workdir) if r['kind'] == 'train']
+  assert [r['step'] for r in logged] == [2, 3]
+  for r in logged:
+    assert r['train_loss'] == pytest.approx(losses[r['step'] - 1], rel=1e-4)
+    assert r['learning_rate'] == pytest.approx(0.02)
   with pytest.raises(AssertionError):  # sharp: one micro-batch (plain BP) differs through BatchNorm
     assert_trees_close(result.variables, reference_accumulated_bp(sync_config(kind, k, 1), 3), tol=5e-4)
   s = result.method.pipeline.schedule

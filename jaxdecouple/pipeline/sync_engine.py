@@ -24,6 +24,15 @@ pass handing over a ResNet-56 half's parameters, statistics, gradient sum and re
 each stage packs its parameters and statistics once an iteration (``pack``: one buffer per dtype), keeps its
 gradient sum packed, and a forward on one accelerator returns its residuals packed (``PACK_RESIDUALS_ON``);
 the optimizer step unpacks. Packing is concatenation and slicing: the numbers are those of the leaves.
+
+An iteration also launches few computations. XLA:CPU's client keeps at most about 32 computations in flight per
+device; past that each dispatch waits for one to finish (measured: a chain of 60 dispatched back to back, the
+first 31 returned at once and each later one after about a computation's time), so a driver that launches many
+an iteration cannot run ahead of its device. Cutting the batch into micro-batches and averaging the logged metrics
+with the learning rate were one eager operation each (about 15 an iteration at M = 4); they are one compiled
+call each now (``prepare``, ``cut_labels``, ``summarise``). Measured on a 2-core Xeon, 2 processes x 1 core,
+ResNet-56, batch 32, M = 4: ZB-H1's iterations streamed as training runs them went from 18-22% slower than
+waited ones to 2-10% (docs/PERFORMANCE.md).
 """
 from __future__ import annotations
 
@@ -174,7 +183,13 @@ class SyncPipeline:
     self.devices = [w.device for w in self.places]
     self.stages = [SyncStage(k, c, k == schedule.last, w, optimizer, lr, schedule.micro_batches, model.loss)
                    for k, (c, w) in enumerate(zip(model.cut(split.boundaries), self.places))]
-    self.prepare = jax.jit(lambda images, step: self.inputs(images, step))
+    M = schedule.micro_batches
+    # one compiled call each, not one per eager operation (see the module's docstring): the batch prepared and cut
+    # into its micro-batches (labels too); the logged metrics averaged over them, with the learning rate
+    self.prepare = jax.jit(lambda images, step: tuple(jnp.split(self.inputs(images, step), M)))
+    self.cut_labels = jax.jit(lambda labels: tuple(jnp.split(labels, M)))
+    self.summarise = jax.jit(lambda metrics, step: {**{name: sum(m[name] for m in metrics) / M for name in metrics[0]},
+                                                    'learning_rate': self.stages[-1].lr(step)})
     self.message_bytes: list[int] = []  # per stage: its outputs and the gradients coming back, one iteration
     self.held: list[int] = [0] * schedule.num_stages  # the most residuals the last iteration kept at once
     self.held_bytes: list[int] = [0] * schedule.num_stages
@@ -207,11 +222,11 @@ class SyncPipeline:
     first, last = self.stages[0], self.stages[-1]
     if len(first.where.devices) == 1:
       images, labels = place((batch.images, batch.labels), first.device)
-      inputs = jnp.split(self.prepare(images, step), M)
-      labels = move(jnp.split(labels, M), last.device)
+      inputs = self.prepare(images, step)
+      labels = move(list(self.cut_labels(labels)), last.device)
     else:  # augmented on the whole batch (BP's draws), then each micro-batch split over the stage's devices
       images = jax.device_put(batch.images, first.where.split)
-      inputs = [first.where.batch(x) for x in jnp.split(self.prepare(images, step), M)]
+      inputs = [first.where.batch(x) for x in self.prepare(images, step)]
       labels = [last.where.batch(y) for y in np.split(np.asarray(batch.labels), M)]
     params, stats, totals = map(list, zip(*(stage.pack(st.params, st.batch_stats)
                                             for stage, st in zip(self.stages, state.stages))))
@@ -268,10 +283,7 @@ class SyncPipeline:
       new.append(st._replace(params=p, opt_state=o, batch_stats=b))
     if count:
       self.allreduce_bytes = self._allreduce_bytes(shapes)
-    out = {}
-    if metrics:
-      out = {name: sum(mm[name] for mm in metrics) / M for name in metrics[0]}
-      out['learning_rate'] = last.lr(step)
+    out = self.summarise(metrics, step) if metrics else {}
     if jax.process_count() > 1 and out:  # to process 0, which writes them
       out = move(on_one_device(out, last.device), jax.devices()[0])
       out = out if is_local(jax.devices()[0]) else {}
