@@ -221,7 +221,9 @@ def peers_watched(heartbeat_s: float):
   within a minute, its last checkpoint untouched, naming the newest step every process wrote
   (``note_saved``). A survivor waiting elsewhere (or for a peer that hangs) is stopped by its watch
   (``liveness.py``) at ``distributed.heartbeat_timeout_s``. This process's own error is published for the
-  others. Other runtime errors pass through unchanged."""
+  others. Other runtime errors pass through unchanged. Once the watch has printed this process's line and is
+  leaving with the others (``STOPPING``), any error the main thread meets says nothing: the watch ends the
+  process."""
   try:
     yield
   except Exception as e:

@@ -27,12 +27,12 @@ the optimizer step unpacks. Packing is concatenation and slicing: the numbers ar
 
 An iteration also launches few computations. XLA:CPU's client keeps at most about 32 computations in flight per
 device; past that each dispatch waits for one to finish (measured: a chain of 60 dispatched back to back, the
-first 31 returned at once and each later one after about a computation's time), so a driver that launches many
+first 31-32 returned at once and each later one after about a computation's time: benchmarks/dispatch_depth.py), so a driver that launches many
 an iteration cannot run ahead of its device. Cutting the batch into micro-batches and averaging the logged metrics
 with the learning rate were one eager operation each (about 15 an iteration at M = 4); they are one compiled
 call each now (``prepare``, ``cut_labels``, ``summarise``). Measured on a 2-core Xeon, 2 processes x 1 core,
 ResNet-56, batch 32, M = 4: ZB-H1's iterations streamed as training runs them went from 18-22% slower than
-waited ones to 2-10% (docs/PERFORMANCE.md).
+waited ones to 0-10% (docs/PERFORMANCE.md).
 """
 from __future__ import annotations
 
