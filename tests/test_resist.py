@@ -745,6 +745,36 @@ def test_table_8s_config_builds_each_cell_and_refuses_others():
       module.get_config(bad)
 
 
+def test_the_release_recipe_takes_the_network_its_study_measured():
+  """Issue 42 item 0: the paper's ResIST configs take the release's initialisation, head and test batch, exactly
+  the fields study cpu_cifar10_resist_release switched on its last setting; the CPU ResIST studies keep the
+  library's network, as their committed runs were made."""
+  import glob
+  import importlib.util
+  from jaxdecouple.recipes import resist_release
+  from jaxdecouple.study.definitions import cpu_cifar10_resist, cpu_cifar10_resist_release
+  name, release = cpu_cifar10_resist_release.SETTINGS[-1]
+  assert name == 'release init, head and test batch'
+  for method in ('resist', 'localsgd'):
+    ours = cpu_cifar10_resist.build(method, 2)()
+    assert (ours.model_init, ours.model_head_norm, ours.eval_batch_size) == ('he', True, 1000)
+    paper = resist_release(method, 'cifar10', 2, 8, 'preact_tiny_s3_9')
+    differs = {k: paper[k] for k in ('model_init', 'model_head_norm', 'eval_batch_size') if paper[k] != ours[k]}
+    assert differs == release
+    library = resist_release(method, 'cifar10', 2, 8, 'preact_tiny_s3_9', release_net=False)
+    library.data.source, library.log_every_steps, library.checkpoint_every_steps = 'npz', 100, 500  # as the study
+    assert library.to_dict() == ours.to_dict()
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  paths = [p for p in sorted(glob.glob(os.path.join(root, 'configs', '*preact101*.py')))]
+  assert len(paths) >= 10
+  for path in paths + [os.path.join(root, 'configs', 'resist_deeper.py')]:
+    spec = importlib.util.spec_from_file_location('c', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config()
+    assert (c.model_init, c.model_head_norm, c.eval_batch_size) == ('torch', False, 100), path
+
+
 def test_communication_for_resnet101_against_the_papers_table():
   """Per round each worker sends what it trained and receives its next network, float32. Local SGD
   matches the paper's Table 1 exactly, and so does ResIST at S = 2; the paper's S = 4 and S = 8
