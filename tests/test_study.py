@@ -99,7 +99,10 @@ def test_gaps_pair_seeds_and_checks_decide(tmp_path):
         json.dump({'test_accuracy': 1 - error / 100}, f)
   claims = (study_lib.Claim('grows', 'M', rows), study_lib.Claim('shrinks', 'M', rows[::-1]),
             study_lib.Claim('close at 2', 'M', rows[:1], 1.5), study_lib.Claim('close at 4', 'M', rows[1:], 1.5),
-            study_lib.Claim('vs nobody', 'M', rows[:1], 1.0, baseline='N'))
+            study_lib.Claim('vs nobody', 'M', rows[:1], 1.0, baseline='N'),
+            study_lib.Claim('near 11.5', 'M', rows[:1], 1.0, reference=11.5),  # median 12.5: +1.00, met
+            study_lib.Claim('near 14.5', 'M', rows[1:], 1.0, reference=14.5),  # median 13: -1.50, missed
+            study_lib.Claim('near nothing', 'N', rows[:1], 1.0, reference=1.0))
   study = study_lib.Study('t', 'T', 'd', 'r', tuple(runs), claims=claims)
   assert study_lib.gap(study, workdir, 'A, K=2', 'M', 'BP') == (pytest.approx(1.5), 2)  # seed 2: no M, unpaired
   assert study_lib.gap(study, workdir, 'A, K=4', 'M', 'BP') == (pytest.approx(2.0), 2)
@@ -107,9 +110,14 @@ def test_gaps_pair_seeds_and_checks_decide(tmp_path):
   assert lines == ['- grows: **yes** (A, K=2: +1.50, n=2; A, K=4: +2.00, n=2)',
                    '- shrinks: **no** (A, K=4: +2.00, n=2; A, K=2: +1.50, n=2)',
                    '- close at 2: **met** (A, K=2: +1.50, n=2)', '- close at 4: **missed** (A, K=4: +2.00, n=2)',
-                   '- vs nobody: waiting for runs (A, K=2: -)']
+                   '- vs nobody: waiting for runs (A, K=2: -)',
+                   '- near 11.5: **met** (A, K=2: 12.50 (11.00-14.00), n=2, +1.00 from 11.50)',
+                   '- near 14.5: **missed** (A, K=4: 13.00 (13.00-20.00), n=3, -1.50 from 14.50)',
+                   '- near nothing: waiting for runs (A, K=2: -)']
   with pytest.raises(ValueError, match='one row needs a limit'):
     study_lib.Claim('x', 'M', rows[:1])
+  with pytest.raises(ValueError, match='a reference figure is checked in one row'):
+    study_lib.Claim('x', 'M', rows, reference=1.0)
   assert study.columns == ['BP', 'M'] and study_lib.Study('t', 'T', 'd', 'r', tuple(runs), column_order=('M', 'BP')).columns == ['M', 'BP']
   with pytest.raises(ValueError, match='is not the columns'):
     study_lib.Study('t', 'T', 'd', 'r', tuple(runs), column_order=('M',)).columns
@@ -182,7 +190,8 @@ def test_every_study_builds_valid_configs():
     for claim in study.claims:  # the report shows each check (its rows have a baseline) and can decide it
       for row in claim.rows:
         assert row_baseline(study, row) is not None, (name, claim.text, row)
-        assert any(r.in_row(row) and r.column == claim.baseline for r in study.runs), (name, claim.text, row)
+        checked = claim.column if claim.reference is not None else claim.baseline
+        assert any(r.in_row(row) and r.column == checked for r in study.runs), (name, claim.text, row)
     for run in study.runs:
       config = run.config('cifar10.npz' if study.needs_data_path else '')
       validate(config)

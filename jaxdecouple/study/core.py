@@ -47,17 +47,22 @@ class Claim:
 
   With one row: the column's gap to ``baseline`` in that row (test error points, median over the
   seeds both finished of the per-seed difference) is at most ``limit``. With several rows: that gap
-  grows from each row to the next (as DGL's does with K in the FDG paper).
+  grows from each row to the next (as DGL's does with K in the FDG paper). With a ``reference`` (one
+  row): the column's median test error is within ``limit`` points of that figure, either side (another
+  code's result on the same data, which has no seeds to pair with ours).
   """
   text: str
   column: str
   rows: tuple[str, ...]
   limit: float | None = None
   baseline: str = 'BP'
+  reference: float | None = None
 
   def __post_init__(self):
     if (len(self.rows) == 1) != (self.limit is not None):
       raise ValueError(f'claim {self.text!r}: one row needs a limit, several rows compare gaps, not a limit')
+    if self.reference is not None and len(self.rows) != 1:
+      raise ValueError(f'claim {self.text!r}: a reference figure is checked in one row, with a limit')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,6 +50,15 @@ def _gap_text(g: tuple[float, int] | None) -> str:
 
 def check(study: Study, workdir: str, claim: Claim) -> str:
   """One line of the report's checks: the claim, met or not, and the gaps it was decided on."""
+  if claim.reference is not None:
+    row, = claim.rows
+    errors = list(_errors_by_seed(study, workdir, row, claim.column).values())
+    if not errors:
+      return f'- {claim.text}: waiting for runs ({row}: -)'
+    median = round(statistics.median(errors), 2)  # decided on the figure shown
+    verdict = 'met' if abs(median - claim.reference) <= claim.limit else 'missed'
+    return (f'- {claim.text}: **{verdict}** ({row}: {error_cell(errors)}, '
+            f'{median - claim.reference:+.2f} from {claim.reference:.2f})')
   gaps = [(row, gap(study, workdir, row, claim.column, claim.baseline)) for row in claim.rows]
   shown = '; '.join(f'{row}: {_gap_text(g)}' for row, g in gaps)
   if any(g is None for _, g in gaps):
@@ -82,6 +91,7 @@ def gaps_and_checks(study: Study, workdir: str) -> list[str]:
         cells.append('-' if None in paper else f'{paper[0] - paper[1]:+.2f}')
     lines.append('| ' + ' | '.join(cells) + ' |')
   if study.claims:
-    lines += ['', 'Checks, decided from the gaps above:', '']
+    figures = 'errors and gaps' if any(c.reference is not None for c in study.claims) else 'gaps'
+    lines += ['', f'Checks, decided from the {figures} above:', '']
     lines += [check(study, workdir, c) for c in study.claims]
   return lines + ['']
