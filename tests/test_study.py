@@ -287,6 +287,21 @@ def test_a_run_claimed_by_a_live_process_is_passed_over(tmp_path):
     assert json.load(f)['pid'] == os.getpid()
 
 
+def test_runs_flag_runs_only_the_matching_runs_and_refuses_a_pattern_that_matches_none(tmp_path, capsys):
+  workdir, results = str(tmp_path / 'study'), str(tmp_path / 'RESULTS.md')
+  assert study_lib.main(['--study=tiny', f'--workdir={workdir}', '--runs=*fdg*,*nothing*', '--max_runs=1',
+                         f'--results={results}', f'--figures={tmp_path / "figures"}']) == 0
+  study = study_lib.STUDIES['tiny']()
+  assert [study_lib.is_finished(workdir, r) for r in study.runs] == [False, True, False, False]
+  out = capsys.readouterr().out
+  assert '1 of 4 runs finished' in out and '--runs=*fdg*,*nothing*: 1 of the 2 runs it matches finished' in out
+  assert 'Finished runs: 1 of 4' in open(results).read()  # the report covers the whole study
+  with pytest.raises(SystemExit):
+    study_lib.main(['--study=tiny', f'--workdir={workdir}', '--runs=*predict*'])
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert "--runs=*predict* matches none of study tiny's 4 runs (names look like resnet-8-k-2__bp__seed0" in err
+
+
 def test_jobs_run_different_runs_at_once(tmp_path):
   workdir, results = str(tmp_path / 'study'), str(tmp_path / 'RESULTS.md')
   assert study_lib.main(['--study=tiny', f'--workdir={workdir}', '--jobs=2', '--max_runs=1',

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import fnmatch
 import os
 import subprocess
 import sys
@@ -21,6 +23,9 @@ def main(argv=None) -> int:
   p.add_argument('--workdir', required=True, help='where the study keeps its runs (resumable)')
   p.add_argument('--data_path', default='', help='the .npz data file for studies that need one')
   p.add_argument('--max_runs', type=int, default=0, help='start at most this many runs per process (0: all)')
+  p.add_argument('--runs', default='',
+                 help="only the runs whose names match one of these comma-separated patterns (fnmatch: "
+                      "'*fdg-predict*,*seed1'), in the definition's order; the report still covers every run")
   p.add_argument('--time_limit_min', type=float, default=0.0,
                  help='start no new run after this many minutes (0: no limit)')
   p.add_argument('--finish_by_min', type=float, default=0.0,
@@ -45,10 +50,19 @@ def main(argv=None) -> int:
             'where the CIFAR-10 copy is)')
   if not args.report and args.data_path and not os.path.isfile(args.data_path):
     p.error(f'--data_path={args.data_path}: no such file')
+  chosen = study
+  if args.runs:
+    patterns = [x.strip() for x in args.runs.split(',') if x.strip()]
+    chosen = dataclasses.replace(study, runs=tuple(r for r in study.runs
+                                                   if any(fnmatch.fnmatchcase(r.name, x) for x in patterns)))
+    if not chosen.runs:
+      p.error(f"--runs={args.runs} matches none of study {args.study}'s {len(study.runs)} runs (names look like "
+              f"{study.runs[0].name}; patterns are fnmatch's, e.g. '*{study.runs[0].name.split('__')[1]}*')")
   if not args.report:
     helper = [sys.executable, '-m', 'jaxdecouple.study', f'--study={args.study}', f'--workdir={args.workdir}',
               f'--data_path={args.data_path}', f'--max_runs={args.max_runs}',
               f'--time_limit_min={args.time_limit_min}', f'--finish_by_min={args.finish_by_min}', '--no_report',
+              f'--runs={args.runs}',
               *(['--keep_checkpoints'] if args.keep_checkpoints else [])]
     helpers = [subprocess.Popen([*helper, f'--pin={j}/{args.jobs}']) for j in range(1, args.jobs)]
     cpus = os.sched_getaffinity(0) if hasattr(os, 'sched_getaffinity') else None
@@ -57,7 +71,7 @@ def main(argv=None) -> int:
     elif helpers:
       pin(0, args.jobs)
     try:
-      status = run_study(study, args.workdir, args.data_path, args.max_runs, args.time_limit_min * 60,
+      status = run_study(chosen, args.workdir, args.data_path, args.max_runs, args.time_limit_min * 60,
                          keep_checkpoints=args.keep_checkpoints, console=not args.pin,
                          finish_by_s=args.finish_by_min * 60)
     finally:
@@ -68,6 +82,9 @@ def main(argv=None) -> int:
     done = sum(is_finished(args.workdir, r) for r in study.runs)
     print(f"{done} of {len(study.runs)} runs finished ({status['ran']} run now by this process, "
           f"{len(study.runs) - done} left)")
+    if args.runs:
+      mine = sum(is_finished(args.workdir, r) for r in chosen.runs)
+      print(f'--runs={args.runs}: {mine} of the {len(chosen.runs)} runs it matches finished')
     if args.no_report:
       return 0
   command = (f'python -m jaxdecouple.study --study={args.study} --workdir={args.workdir} --report')
