@@ -39,9 +39,27 @@ def study() -> Study:
       'also without the BN-ReLU before the pooling (model_head_norm=False), also with test batches of 100 '
       '(eval_batch_size=100; BatchNorm uses batch statistics at test time). The release, run on this machine on the '
       f"same data: local SGD {RELEASE['local SGD']}%, ResIST {RELEASE['ResIST']}% test error after {EPOCHS} epochs "
-      '(one seed); the target: each within 1.5 points of it',
+      f"(one seed; ResIST {RELEASE['ResIST'] - RELEASE['local SGD']:+.2f} points behind its local SGD); the target: "
+      'each within 1.5 points of it',
       runs, needs=CIFAR10_FILE, best_accuracy=True, train_error=True,
       baselines=('local SGD, ours',),
       claims=tuple(Claim(f"{column} with the release's initialisation, head and test batch within 1.5 points of the "
                          f"release's {RELEASE[column]}% (issue 42's target)", f'{column}, {SETTINGS[-1][0]}', (row,),
-                         1.5, reference=RELEASE[column]) for column, _ in main.COLUMNS))
+                         1.5, reference=RELEASE[column]) for column, _ in main.COLUMNS),
+      reading=(
+          "The initialisation is the difference. With PyTorch's default initialisation (the release's) and nothing "
+          'else changed, local SGD ends 4 epochs at 33.00% test error and ResIST at 34.44% (medians of 3 seeds), '
+          "against 38.86% and 41.02% with the library's He fan-out initialisation: -5.27 and -4.42 points against "
+          "our local SGD. He fan-out's 3x3 convolution weights are about two and a half times PyTorch's default at equal widths; behind "
+          'BatchNorm a layer\'s effective step scales with the inverse square of its weights, so early training '
+          'moves about 6x slower at the same learning rate, which a 4-epoch schedule does not make up.',
+          "The release's head (no BN-ReLU before the pooling) leaves local SGD where it was (32.90%) and costs "
+          'ResIST (35.65% against 34.44%); the test batches of 100, with batch statistics at test time, read both '
+          "a little worse (33.75% and 36.35%). With all three of the release's differences both methods meet "
+          "the target: local SGD -0.12 points from the release's 33.87%, ResIST +0.47 from its 35.88% (the release "
+          'ran one seed; ours 3).',
+          'None of the three closes the gap between the methods: ResIST trails local SGD as built by +1.93 points, '
+          "the release's by +2.01, and it trails in every setting here. The paper's ResIST configs now take all "
+          "three (recipes.release_network, since the paper's figures come from the release's code and the paper "
+          "names none of them); the library's default stays He fan-out (the FDG and ResNet papers' "
+          "initialisation), and the CPU ResIST studies keep it, so their gaps stand as measured."))
