@@ -302,6 +302,41 @@ def test_runs_flag_runs_only_the_matching_runs_and_refuses_a_pattern_that_matche
   assert "--runs=*predict* matches none of study tiny's 4 runs (names look like resnet-8-k-2__bp__seed0" in err
 
 
+def test_time_left_goes_by_the_same_cell_then_column_then_study(tmp_path, capsys):
+  """Each unfinished run is estimated by the median of the finished runs of its cell (other seeds), else its
+  column, else the study; a resumed run counts its evaluations' epoch and evaluation seconds, not the gaps."""
+  from jaxdecouple.study.left import run_seconds, time_left
+  runs = [study_lib.Run(row, col, seed, build=None) for row in ('A', 'B') for col in ('BP', 'M') for seed in (0, 1, 2)]
+  study = study_lib.Study('t', 'T', 'd', 'r', tuple(runs))
+  workdir = str(tmp_path)
+  def finish(row, col, seed, record, metrics=()):
+    where = study_lib.run_dir(workdir, next(r for r in runs if (r.row, r.column, r.seed) == (row, col, seed)))
+    os.makedirs(where)
+    with open(os.path.join(where, 'finished.json'), 'w') as f:
+      json.dump({'step': 8, 'test_accuracy': 0.5, **record}, f)
+    with open(os.path.join(where, 'metrics.jsonl'), 'w') as f:
+      f.writelines(json.dumps(m) + '\n' for m in metrics)
+  finish('A', 'BP', 0, {'whole_run_seconds': 100.0})
+  finish('A', 'BP', 1, {'whole_run_seconds': 300.0})
+  # resumed (no whole_run_seconds): 2 epochs of 40 + 5 s; the checkpoint's record repeats seconds already counted
+  finish('A', 'M', 0, {}, [{'kind': 'checkpoint', 'epoch_time_s': 20.0}, {'kind': 'eval', 'epoch_time_s': 40.0,
+                                                                         'eval_time_s': 5.0},
+                           {'kind': 'eval', 'epoch_time_s': 40.0, 'eval_time_s': 5.0}])
+  assert run_seconds(workdir, runs[3]) == 90.0 and run_seconds(workdir, runs[1]) == 300.0
+  assert run_seconds(workdir, runs[2]) is None
+  left = time_left(study, workdir)
+  # A/BP seed 2: its cell, median(100, 300) = 200; A/M seeds 1, 2: their cell, 90 each; B/BP x3: the column
+  # BP, 200 each; B/M x3: the column M, 90 each
+  assert left == {'runs': 9, 'seconds': 200 + 2 * 90 + 3 * 200 + 3 * 90, 'by_cell': 3, 'by_column': 6,
+                  'by_study': 0, 'unknown': 0}
+  other = study_lib.Study('t', 'T', 'd', 'r', tuple(runs) + (study_lib.Run('C', 'N', 0, build=None),))
+  assert time_left(other, workdir)['by_study'] == 1 and time_left(other, workdir)['seconds'] == 1250 + 100.0
+  empty = study_lib.Study('t', 'T', 'd', 'r', tuple(runs[6:]))
+  assert time_left(empty, workdir)['unknown'] == 6
+  assert study_lib.main(['--study=tiny', f'--workdir={tmp_path / "none"}', '--left']) == 0
+  assert capsys.readouterr().out == 'study tiny: 4 of 4 runs left (no finished run yet to estimate their time)\n'
+
+
 def test_jobs_run_different_runs_at_once(tmp_path):
   workdir, results = str(tmp_path / 'study'), str(tmp_path / 'RESULTS.md')
   assert study_lib.main(['--study=tiny', f'--workdir={workdir}', '--jobs=2', '--max_runs=1',

@@ -23,8 +23,9 @@ per row, with the machine, data, recipe, seeds, dates and the command that regen
 
 The package: core.py (what a study is), definitions/ (the studies, a short file each), runner.py
 (processes, claims, pinning, logs), the report (report.py puts it together from machines.py, gaps.py:
-final errors, gaps and checks, curves.py: tables from the learning curves, and figures.py), cli.py
-(this command); the papers' numbers come from jaxdecouple/papers.py.
+final errors, gaps and checks, curves.py: tables from the learning curves, and figures.py), left.py (how
+many runs are left and about how long they take: ``--left``), cli.py (this command); the papers' numbers come
+from jaxdecouple/papers.py.
 """
 from jaxdecouple.study.core import SEEDS, Claim, Run, Study, diverged, is_finished, run_dir
 from jaxdecouple.study.definitions import STUDIES

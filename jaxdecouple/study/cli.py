@@ -10,6 +10,7 @@ import sys
 
 from jaxdecouple.study.core import is_finished
 from jaxdecouple.study.definitions import STUDIES
+from jaxdecouple.study.left import left_line
 from jaxdecouple.study.report import report, write_results
 from jaxdecouple.study.runner import pin, run_study
 
@@ -37,6 +38,8 @@ def main(argv=None) -> int:
   p.add_argument('--jobs', type=int, default=1,
                  help='run this many processes at once on the same workdir, each taking the next free run')
   p.add_argument('--pin', default='', help=argparse.SUPPRESS)  # J/N: a --jobs helper's share of the cores
+  p.add_argument('--left', action='store_true',
+                 help='only say how many runs are left and about how long they take, from the finished runs')
   p.add_argument('--report', action='store_true', help='only write the report from finished runs')
   p.add_argument('--no_report', action='store_true', help='run, but leave the report to another call')
   p.add_argument('--results', default='docs/RESULTS.md', help='the results page to update')
@@ -45,6 +48,9 @@ def main(argv=None) -> int:
   study = STUDIES[args.study]()
   if args.jobs < 1:
     p.error(f'--jobs must be at least 1, got {args.jobs}')
+  if args.left:
+    print(left_line(study, args.workdir))
+    return 0
   if not args.report and study.needs_data_path and not args.data_path:
     p.error(f'study {args.study} needs {study.needs}: pass --data_path=FILE.npz (shared/data/README.md says '
             'where the CIFAR-10 copy is)')
@@ -64,6 +70,8 @@ def main(argv=None) -> int:
               f'--time_limit_min={args.time_limit_min}', f'--finish_by_min={args.finish_by_min}', '--no_report',
               f'--runs={args.runs}',
               *(['--keep_checkpoints'] if args.keep_checkpoints else [])]
+    if not args.pin:
+      print(left_line(study, args.workdir), flush=True)
     helpers = [subprocess.Popen([*helper, f'--pin={j}/{args.jobs}']) for j in range(1, args.jobs)]
     cpus = os.sched_getaffinity(0) if hasattr(os, 'sched_getaffinity') else None
     if args.pin:

@@ -1,0 +1,76 @@
+"""How much of a study is left, in runs and in hours, going by how long its finished runs took.
+
+Studies here run for days on a few cores, across machines that are replaced between sessions: whoever
+continues one wants to know, before starting, whether what is left is an afternoon or a week. The estimate
+is a model, labelled so where it is printed: each unfinished run is assumed to take what the finished runs
+of the same table cell took on other seeds (else of the same column, else of the whole study), on the
+machines that ran them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+
+from jaxdecouple.study.core import FINISHED_NEEDS, Study, read_record, run_dir
+
+
+def run_seconds(workdir: str, run) -> float | None:
+  """How long a finished run took: its wall time when it ran whole in one call (finished.json), else the sum of
+  its epochs' training and evaluation seconds (the evaluations' records in metrics.jsonl), which leaves out a
+  resumed run's gaps and its compilations; None for a run not finished."""
+  record, _ = read_record(workdir, run, 'finished.json', FINISHED_NEEDS)
+  if record is None:
+    return None
+  if isinstance(whole := record.get('whole_run_seconds'), (int, float)) and whole > 0:
+    return float(whole)
+  total = 0.0
+  try:
+    with open(os.path.join(run_dir(workdir, run), 'metrics.jsonl'), encoding='utf-8') as f:
+      for line in f:
+        try:
+          logged = json.loads(line)
+        except ValueError:  # a cut line: the report says so; here it only costs the estimate an epoch
+          continue
+        if not isinstance(logged, dict) or logged.get('kind') != 'eval':  # a checkpoint's record repeats the
+          continue                                                        # epoch's seconds so far
+        for key in ('epoch_time_s', 'eval_time_s'):
+          if isinstance(logged.get(key), (int, float)):
+            total += logged[key]
+  except OSError:
+    return None
+  return total or None
+
+
+def time_left(study: Study, workdir: str) -> dict:
+  """The unfinished runs and the estimated seconds they need one after another: ``runs`` left, ``seconds``,
+  and how many were estimated from the same cell (``by_cell``), the same column (``by_column``) or the whole
+  study (``by_study``); ``unknown`` with no finished run to go by."""
+  took = {run.name: run_seconds(workdir, run) for run in study.runs}
+  done = [run for run in study.runs if took[run.name] is not None]
+  left = [run for run in study.runs if took[run.name] is None]
+  counts = {'runs': len(left), 'seconds': 0.0, 'by_cell': 0, 'by_column': 0, 'by_study': 0, 'unknown': 0}
+  for run in left:
+    for kind, alike in (('by_cell', lambda r: r.row == run.row and r.column == run.column),
+                        ('by_column', lambda r: r.column == run.column), ('by_study', lambda r: True)):
+      if seconds := [took[r.name] for r in done if alike(r)]:
+        counts['seconds'] += statistics.median(seconds)
+        counts[kind] += 1
+        break
+    else:
+      counts['unknown'] += 1
+  return counts
+
+
+def left_line(study: Study, workdir: str) -> str:
+  """One line for the console: what is left of the study and about how long it takes one process."""
+  c = time_left(study, workdir)
+  if not c['runs']:
+    return f'study {study.name}: every run has finished'
+  if c['unknown'] == c['runs']:
+    return f'study {study.name}: {c["runs"]} of {len(study.runs)} runs left (no finished run yet to estimate their time)'
+  how = ', '.join(f'{c[k]} by {k[3:]}' for k in ('by_cell', 'by_column', 'by_study') if c[k])
+  unknown = f', {c["unknown"]} with nothing to go by' if c['unknown'] else ''
+  return (f'study {study.name}: {c["runs"]} of {len(study.runs)} runs left, about {c["seconds"] / 3600:.1f} h one '
+          f'after another (estimated from the finished runs of the same cell, column or study on the machines '
+          f'that ran them: {how}{unknown}); --jobs divides it by the processes the cores can carry')
