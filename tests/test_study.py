@@ -314,14 +314,16 @@ def test_time_left_goes_by_the_same_cell_then_column_then_study(tmp_path, capsys
     os.makedirs(where)
     with open(os.path.join(where, 'finished.json'), 'w') as f:
       json.dump({'step': 8, 'test_accuracy': 0.5, **record}, f)
-    with open(os.path.join(where, 'metrics.jsonl'), 'w') as f:
-      f.writelines(json.dumps(m) + '\n' for m in metrics)
+    if metrics:
+      with open(os.path.join(where, 'metrics.jsonl'), 'w') as f:
+        f.writelines(json.dumps(m) + '\n' for m in metrics)
   finish('A', 'BP', 0, {'whole_run_seconds': 100.0})
   finish('A', 'BP', 1, {'whole_run_seconds': 300.0})
-  # resumed (no whole_run_seconds): 2 epochs of 40 + 5 s; the checkpoint's record repeats seconds already counted
-  finish('A', 'M', 0, {}, [{'kind': 'checkpoint', 'epoch_time_s': 20.0}, {'kind': 'eval', 'epoch_time_s': 40.0,
-                                                                         'eval_time_s': 5.0},
-                           {'kind': 'eval', 'epoch_time_s': 40.0, 'eval_time_s': 5.0}])
+  # resumed (no whole_run_seconds): 2 epochs of 40 + 5 s; the checkpoint's record repeats seconds already counted,
+  # and the resume logged the first evaluation again (the last record of a step counts)
+  first = {'kind': 'eval', 'step': 4, 'epoch_time_s': 40.0, 'eval_time_s': 5.0}
+  finish('A', 'M', 0, {}, [{'kind': 'checkpoint', 'step': 2, 'epoch_time_s': 20.0}, first, first,
+                           {'kind': 'eval', 'step': 8, 'epoch_time_s': 40.0, 'eval_time_s': 5.0}])
   assert run_seconds(workdir, runs[3]) == 90.0 and run_seconds(workdir, runs[1]) == 300.0
   assert run_seconds(workdir, runs[2]) is None
   left = time_left(study, workdir)
@@ -333,6 +335,9 @@ def test_time_left_goes_by_the_same_cell_then_column_then_study(tmp_path, capsys
   assert time_left(other, workdir)['by_study'] == 1 and time_left(other, workdir)['seconds'] == 1250 + 100.0
   empty = study_lib.Study('t', 'T', 'd', 'r', tuple(runs[6:]))
   assert time_left(empty, workdir)['unknown'] == 6
+  finish('B', 'M', 2, {}, [{'kind': 'eval', 'step': 8}])  # finished, no times to go by: not left, no estimate
+  assert run_seconds(workdir, runs[-1]) is None
+  assert time_left(study, workdir) == dict(left, runs=8, seconds=left['seconds'] - 90, by_column=5)
   assert study_lib.main(['--study=tiny', f'--workdir={tmp_path / "none"}', '--left']) == 0
   assert capsys.readouterr().out == 'study tiny: 4 of 4 runs left (no finished run yet to estimate their time)\n'
 

@@ -8,37 +8,25 @@ machines that ran them.
 """
 from __future__ import annotations
 
-import json
-import os
 import statistics
 
-from jaxdecouple.study.core import FINISHED_NEEDS, Study, read_record, run_dir
+from jaxdecouple.study.core import Study, finished_record, is_finished, run_dir
+from jaxdecouple.writers import read_metrics
 
 
 def run_seconds(workdir: str, run) -> float | None:
   """How long a finished run took: its wall time when it ran whole in one call (finished.json), else the sum of
   its epochs' training and evaluation seconds (the evaluations' records in metrics.jsonl), which leaves out a
-  resumed run's gaps and its compilations; None for a run not finished."""
-  record, _ = read_record(workdir, run, 'finished.json', FINISHED_NEEDS)
+  resumed run's gaps and its compilations; None for a run not finished or with neither."""
+  record = finished_record(workdir, run)
   if record is None:
     return None
   if isinstance(whole := record.get('whole_run_seconds'), (int, float)) and whole > 0:
     return float(whole)
-  total = 0.0
-  try:
-    with open(os.path.join(run_dir(workdir, run), 'metrics.jsonl'), encoding='utf-8') as f:
-      for line in f:
-        try:
-          logged = json.loads(line)
-        except ValueError:  # a cut line: the report says so; here it only costs the estimate an epoch
-          continue
-        if not isinstance(logged, dict) or logged.get('kind') != 'eval':  # a checkpoint's record repeats the
-          continue                                                        # epoch's seconds so far
-        for key in ('epoch_time_s', 'eval_time_s'):
-          if isinstance(logged.get(key), (int, float)):
-            total += logged[key]
-  except OSError:
-    return None
+  evals = {r['step']: r for r in read_metrics(run_dir(workdir, run)) if r['kind'] == 'eval'}  # a resumed run may
+  # log an evaluation twice: the last record of each step counts, as in the learning curves
+  total = sum(r.get(key) for r in evals.values() for key in ('epoch_time_s', 'eval_time_s')
+              if isinstance(r.get(key), (int, float)))
   return total or None
 
 
@@ -48,7 +36,7 @@ def time_left(study: Study, workdir: str) -> dict:
   study (``by_study``); ``unknown`` with no finished run to go by."""
   took = {run.name: run_seconds(workdir, run) for run in study.runs}
   done = [run for run in study.runs if took[run.name] is not None]
-  left = [run for run in study.runs if took[run.name] is None]
+  left = [run for run in study.runs if not is_finished(workdir, run)]  # a finished run with no times is not left
   counts = {'runs': len(left), 'seconds': 0.0, 'by_cell': 0, 'by_column': 0, 'by_study': 0, 'unknown': 0}
   for run in left:
     for kind, alike in (('by_cell', lambda r: r.row == run.row and r.column == run.column),
