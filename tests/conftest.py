@@ -322,3 +322,32 @@ def pytest_collection_modifyitems(items):
     if rank(item) < len(SLOW_FIRST):
       item.add_marker(pytest.mark.slow)
   items.sort(key=rank)  # stable: the order within each group is kept
+
+
+# Where the suite's CPU goes: with JAXDECOUPLE_TEST_CPU_LOG=FILE each test appends one JSON line (its id, wall
+# seconds, and the CPU seconds of its worker process plus the processes it started and waited for). Wall times
+# of a parallel suite overstate the tests that start processes (they wait for a core the other worker holds);
+# CPU seconds are what the 2 cores spend, so they say which cuts shorten the suite.
+CPU_LOG_ENV = 'JAXDECOUPLE_TEST_CPU_LOG'
+
+
+def _cpu_seconds():
+  import resource
+  own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+  return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  path = os.environ.get(CPU_LOG_ENV)
+  if not path:
+    return (yield)
+  import json
+  import time
+  wall, cpu = time.monotonic(), _cpu_seconds()
+  try:
+    return (yield)
+  finally:
+    with open(path, 'a') as f:  # one short line per write: the workers' appends do not interleave
+      f.write(json.dumps({'test': item.nodeid, 'wall_s': round(time.monotonic() - wall, 2),
+                          'cpu_s': round(_cpu_seconds() - cpu, 2)}) + '\n')
