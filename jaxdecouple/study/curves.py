@@ -74,16 +74,20 @@ def detection_table(study: Study, workdir: str) -> list[str]:
 
 
 def levelling_table(study: Study, workdir: str) -> list[str]:
-  """Whether training ran its course: each column's test error at the end minus at 80% of the epochs."""
+  """Whether training ran its course: each column's test error at the end minus at the last evaluation at or
+  before 80% of the epochs. Not the first one at or after 80%: with few evaluations (2 epochs evaluated after
+  each, or 4) that one is the last evaluation itself, and the table read +0.00, "levelled off", for runs still
+  falling fast. A run with no evaluation that early shows '-'."""
   def cells(row, col, curves):
     changes = []
     for c in curves:
-      at = next(i for i, e in enumerate(c['epoch']) if e >= 0.8 * c['epoch'][-1] - 1e-9)
-      changes.append(c['test_error'][-1] - c['test_error'][at])
+      at = [i for i, e in enumerate(c['epoch'][:-1]) if e <= 0.8 * c['epoch'][-1] + 1e-9]
+      if at:
+        changes.append(c['test_error'][-1] - c['test_error'][at[-1]])
     return [f'{statistics.median(changes):+.2f}' if changes else '-']
-  return _curves_table(study, workdir, 'Levelled off? The test error at the last epoch minus the one at 80% of the '
-                       'epochs (points; median over the finished seeds): near zero when the last 20% of the schedule '
-                       'no longer changes it.', ('',), cells)
+  return _curves_table(study, workdir, 'Levelled off? The test error at the last epoch minus the one at the last '
+                       'evaluation at or before 80% of the epochs (points; median over the finished seeds): near zero '
+                       'when the last 20% of the schedule no longer changes it.', ('',), cells)
 
 
 def train_error_table(study: Study, workdir: str) -> list[str]:
