@@ -75,6 +75,8 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.optim.b1 = 0.9             # adamw, lamb; muon's Adam (its non-matrix parameters)
   c.optim.b2 = 0.999           # adamw, lamb; muon's Adam
   c.optim.eps = 1e-8           # adamw, lamb, muon
+  c.optim.momentum_decay = 0.0  # adamw with nesterov: > 0 is PyTorch's NAdam (its momentum schedule, psi; torch's
+  #                              default 0.004, what AsyncPP's code runs); 0 is optax's NAdamW (b1 throughout)
   c.optim.trust_coefficient = 0.001  # lars
   c.optim.muon_beta = 0.95     # muon: momentum of the orthogonalised matrices
   c.optim.ns_steps = 5         # muon: Newton-Schulz iterations

@@ -8,7 +8,8 @@ direction (built with learning rate 1) followed by ``scale_by_step_learning_rate
 minus the step's rate given as an optax extra argument; optax applies the whole update
 (``optax.apply_updates``). For SGD, AdamW, LAMB and Muon the rate enters optax's alias last and linearly, so
 this is the alias with that rate (AdamW's decoupled weight decay included); optax's LARS applies the rate
-before its momentum, this one after (PyTorch's convention): the same while the rate is constant.
+before its momentum, this one after (PyTorch's convention): the same while the rate is constant. AdamW with
+``nesterov`` is optax's NAdamW, or with ``momentum_decay`` > 0 PyTorch's NAdam (``scale_by_torch_nadam``).
 """
 from __future__ import annotations
 
@@ -64,11 +65,54 @@ def muon_dimensions(params):
   return jax.tree_util.tree_map_with_path(dims, params)
 
 
+class TorchNAdamState(NamedTuple):
+  count: jax.Array       # steps taken (int32)
+  mu: Any                # first moment m
+  nu: Any                # second moment v
+  mu_product: jax.Array  # prod_{i <= t} mu_i (float32)
+
+
+def scale_by_torch_nadam(b1: float, b2: float, eps: float, momentum_decay: float) -> optax.GradientTransformation:
+  """PyTorch's NAdam direction (``torch.optim.NAdam``, its documented algorithm; Dozat, "Incorporating Nesterov
+  Momentum into Adam", ICLR 2016 workshop, with the momentum schedule of Sutskever et al. 2013), learning rate
+  1. At step t = 1, 2, ... with psi = ``momentum_decay``:
+
+      mu_t = b1 (1 - 0.5 * 0.96^(t psi)),   mu_{t+1} likewise
+      m_t = b1 m_{t-1} + (1 - b1) g_t,      v_t = b2 v_{t-1} + (1 - b2) g_t^2
+      direction = [(1 - mu_t) g_t / (1 - prod_{i<=t} mu_i) + mu_{t+1} m_t / (1 - prod_{i<=t+1} mu_i)]
+                  / (sqrt(v_t / (1 - b2^t)) + eps)
+
+  Why beside optax's ``nadamw``: optax mixes the fresh gradient with the constant weight 1 - b1, PyTorch with
+  1 - mu_t, and mu_t starts at b1 / 2 and reaches b1 only after thousands of steps (psi 0.004: mu is 0.57 b1 at
+  step 1,000). AsyncPP's released code (PluralisResearch/AsyncPP, ``--optimizer nadamw --momentum 0.99``) runs
+  PyTorch's; with b1 = 0.99 the two differ most: about half of PyTorch's early step is the fresh gradient,
+  1% of optax's."""
+  def init(params):
+    zeros = lambda: jax.tree.map(jnp.zeros_like, params)
+    return TorchNAdamState(jnp.zeros([], jnp.int32), zeros(), zeros(), jnp.ones([], jnp.float32))
+
+  def update(updates, state, params=None):
+    del params
+    t = (state.count + 1).astype(jnp.float32)
+    mu_now = b1 * (1.0 - 0.5 * 0.96 ** (t * momentum_decay))
+    mu_next = b1 * (1.0 - 0.5 * 0.96 ** ((t + 1.0) * momentum_decay))
+    product = state.mu_product * mu_now
+    m = jax.tree.map(lambda m, g: b1 * m + (1.0 - b1) * g, state.mu, updates)
+    v = jax.tree.map(lambda v, g: b2 * v + (1.0 - b2) * g * g, state.nu, updates)
+    fresh, held = (1.0 - mu_now) / (1.0 - product), mu_next / (1.0 - product * mu_next)
+    out = jax.tree.map(lambda g, m, v: (fresh * g + held * m) / (jnp.sqrt(v / (1.0 - b2 ** t)) + eps), updates, m, v)
+    return out, TorchNAdamState(state.count + 1, m, v, product)
+
+  return optax.GradientTransformation(init, update)
+
+
 def direction(o) -> list[optax.GradientTransformation]:
   """The optimizer's update direction with learning rate 1 (before the step's rate), from optax's own
   transforms and aliases."""
   if o.name == 'sgd':  # torch.optim.SGD: L2 added to the gradient, then momentum
     return [optax.add_decayed_weights(o.weight_decay), optax.trace(decay=o.momentum, nesterov=o.nesterov)]
+  if o.name == 'adamw' and o.get('momentum_decay', 0.0) > 0:  # PyTorch's NAdam, decoupled weight decay (AdamW's)
+    return [scale_by_torch_nadam(o.b1, o.b2, o.eps, o.momentum_decay), optax.add_decayed_weights(o.weight_decay)]
   if o.name == 'adamw':
     tx = optax.adamw(1.0, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, nesterov=o.nesterov)
   elif o.name == 'lamb':
@@ -98,6 +142,11 @@ def validate(o) -> None:
   for field in ('eps', 'trust_coefficient'):
     if not o[field] > 0:
       fail(f'optim.{field}', f'must be positive, got {o[field]!r}')
+  if o.get('momentum_decay', 0.0) < 0:
+    fail('optim.momentum_decay', f'must be at least 0 (0: optax\'s NAdamW; > 0: PyTorch\'s NAdam), got {o.momentum_decay!r}')
+  if o.get('momentum_decay', 0.0) > 0 and not (o.name == 'adamw' and o.nesterov):
+    fail('optim.momentum_decay', f'is PyTorch\'s NAdam schedule: it needs optim.name=adamw and optim.nesterov=true, '
+         f'got optim.name={o.name} and optim.nesterov={o.nesterov}; set optim.momentum_decay=0')
   if o.ns_steps < 1:
     fail('optim.ns_steps', f'must be at least 1 (Newton-Schulz iterations), got {o.ns_steps!r}')
 

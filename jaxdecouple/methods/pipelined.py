@@ -76,7 +76,8 @@ class PipelineMethod(Method):
     if p.corrector == 'nesterov' and config.optim.name != 'sgd':
       fail('pipeline.corrector', f"'nesterov' is AsyncPP's update rule and replaces the optimizer on the delayed "
            f"stages; with optim.name={config.optim.name!r} use another corrector, or NAdamW itself "
-           "(optim.name=adamw, optim.nesterov=true, optim.b1=0.99: what AsyncPP's code runs)")
+           "(optim.name=adamw, optim.nesterov=true, optim.b1=0.99, optim.momentum_decay=0.004: PyTorch's NAdam, "
+           "what AsyncPP's code runs)")
     if not 0 <= p.nesterov_gamma < 1:
       fail('pipeline.nesterov_gamma', f'must be in [0, 1), got {p.nesterov_gamma}')
     blocks = len(build_model(config.model, 10).block_names)
