@@ -584,3 +584,50 @@ def test_processes_claiming_one_run_at_once_leave_it_to_exactly_one(tmp_path):
   assert all(n == 1 for n in won.values()), won
   for where in folders:
     assert os.listdir(where) == ['running.json']  # no claim-in-making left behind
+
+
+def test_a_run_whose_settings_come_from_other_runs_waits_for_them_then_takes_their_choice(tmp_path):
+  """Run.choose: a run whose settings another run's result decides (a tuning row's best) is passed over, with a
+  line saying what it waits for, until that run has finished; then it trains with the chosen fields, which its
+  config.json records. Here the chosen learning rate is worked out from the other run's test accuracy."""
+  base = study_lib.STUDIES['tiny']().runs[0]
+  tuning = dataclasses.replace(base, column='tune')
+  def choose(workdir):
+    record, _ = study_lib.read_record(workdir, tuning, 'finished.json')
+    return None if record is None else {'optim.learning_rate': round(0.01 + record['test_accuracy'] / 10, 6)}
+  chosen = dataclasses.replace(base, column='chosen', choose=choose, waits_for='the tune run')
+  study = study_lib.Study('t', 'T', 'd', 'r', (chosen, tuning))
+  workdir, lines = str(tmp_path / 'study'), []
+  assert study_lib.run_study(study, workdir, log=lines.append, console=False) == {'finished': 1, 'ran': 1, 'left': 1}
+  assert f'[1/2] {chosen.name}: its settings come from the tune run, not all finished yet; passed over' in lines
+  assert not os.path.exists(study_lib.run_dir(workdir, chosen))  # nothing claimed or written for it
+  assert study_lib.run_study(study, workdir, log=lines.append, console=False) == {'finished': 2, 'ran': 1, 'left': 0}
+  accuracy = json.load(open(os.path.join(study_lib.run_dir(workdir, tuning), 'finished.json')))['test_accuracy']
+  recorded = json.load(open(os.path.join(study_lib.run_dir(workdir, chosen), 'config.json')))
+  assert recorded['optim']['learning_rate'] == round(0.01 + accuracy / 10, 6)
+  assert recorded['optim']['learning_rate'] != base.config().optim.learning_rate
+
+
+def test_resist_outer_takes_each_methods_best_tune_setting_by_rule(tmp_path):
+  """cpu_cifar10_resist_outer's 3-seed runs: outer lr and momentum of the method's tune run with the lowest
+  hold-out error (a diverged one the worst; a tie the first of TUNE), nothing until all three have finished."""
+  from jaxdecouple.study.definitions import cpu_cifar10_resist_outer as outer
+  study, workdir = outer.study(), str(tmp_path)
+  tune = [r for r in study.runs if r.row.startswith('tune:')]
+  waiting = {r.column: r for r in study.runs if r.choose is not None and r.seed == 0 and 'S=2' in r.row}
+  assert [r.column for r in tune] == [f'{m} + outer {lr:g}/{mu:g}' for m in ('local SGD', 'ResIST')
+                                      for lr, mu in outer.TUNE]
+  def record(run, name, content):
+    os.makedirs(study_lib.run_dir(workdir, run), exist_ok=True)
+    with open(os.path.join(study_lib.run_dir(workdir, run), name), 'w') as f:
+      json.dump(content, f)
+  for run, accuracy in zip(tune[:2], (0.60, 0.62)):
+    record(run, 'finished.json', {'step': 10, 'test_accuracy': accuracy})
+  assert waiting['local SGD + outer'].choose(workdir) is None  # its third tune run has not finished
+  record(tune[2], 'finished.json', {'step': 10, 'test_accuracy': 0.62})  # ties the second: the first of them
+  assert waiting['local SGD + outer'].choose(workdir) == {'replica.outer_lr': 1.0, 'replica.outer_momentum': 0.5}
+  record(tune[3], 'diverged.json', {'step': 3, 'message': 'non-finite loss'})
+  for run, accuracy in zip(tune[4:], (0.50, 0.55)):
+    record(run, 'finished.json', {'step': 10, 'test_accuracy': accuracy})
+  assert waiting['ResIST + outer'].choose(workdir) == {'replica.outer_lr': 0.4, 'replica.outer_momentum': 0.9}
+  assert waiting['ResIST + outer'].waits_for == 'the 3 tune runs of ResIST'

@@ -27,7 +27,7 @@ final errors, gaps and checks, curves.py: tables from the learning curves, and f
 many runs are left and about how long they take: ``--left``), cli.py (this command); the papers' numbers come
 from jaxdecouple/papers.py.
 """
-from jaxdecouple.study.core import SEEDS, Claim, Run, Study, diverged, is_finished, run_dir
+from jaxdecouple.study.core import SEEDS, Claim, Run, Study, diverged, is_finished, read_record, run_dir
 from jaxdecouple.study.definitions import STUDIES
 from jaxdecouple.study.gaps import check, gap
 from jaxdecouple.study.machines import same_machines_once

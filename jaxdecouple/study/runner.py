@@ -146,6 +146,7 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
   or whose finished.json or diverged.json is damaged is passed over with one line naming it; the study goes
   on. Any other error (data not found, a bad config, a full disk) stops the study: every run would meet it."""
   from jaxdecouple.errors import CheckpointError, DivergenceError, WorkdirError, WorkdirInUseError
+  from jaxdecouple.config import set_fields
   from jaxdecouple.train import train_and_evaluate
   start, ran = time.time(), 0
   for i, run in enumerate(study.runs):
@@ -172,6 +173,11 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
         log(f'{run.name} not started: a run has taken up to {max(took) / 60:.1f} min and '
             f'{(finish_by_s - time.time() + start) / 60:.1f} of the {finish_by_s / 60:g} min are left')
         break
+    chosen = run.choose(workdir) if run.choose is not None else {}
+    if chosen is None:
+      log(f'[{i + 1}/{len(study.runs)}] {run.name}: its settings come from {run.waits_for or "other runs"}, not all '
+          'finished yet; passed over')
+      continue
     where = run_dir(workdir, run)
     os.makedirs(where, exist_ok=True)
     holder = claim(where)
@@ -187,7 +193,7 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
       whole, began = not os.path.isdir(os.path.join(where, 'checkpoints')), time.time()
       try:
         with _progress_to(os.path.join(where, 'log.txt'), console):
-          result = train_and_evaluate(run.config(data_path), where)
+          result = train_and_evaluate(set_fields(run.config(data_path), chosen), where)
       except WorkdirInUseError:  # a process on another host, or one that took over a dead claim as we did
         log(f'[{i + 1}/{len(study.runs)}] {run.name}: its folder is locked by another live run, passed over')
         continue

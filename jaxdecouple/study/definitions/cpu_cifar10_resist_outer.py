@@ -5,15 +5,16 @@ then 3 seeds on the proxy and recipe of cpu_cifar10_resist_why (S=2, 16 epochs) 
 ResIST with its shared layers' updates compressed (8 and 4 bits, 25% kept) with error feedback, against
 uncompressed ResIST (A.5's "sparse gradients"; sparsifying the weights cost +18.66 points). Shares
 cpu_cifar10_resist's workdir: its plain local SGD and ResIST runs are shown again, not rerun."""
+import math
+from typing import Callable
+
 from jaxdecouple.config import set_fields
-from jaxdecouple.study.core import SEEDS, Claim, Run, Study
+from jaxdecouple.study.core import FINISHED_NEEDS, SEEDS, Claim, Run, Study, read_record
 from jaxdecouple.study.definitions import cpu_cifar10_resist as main
 from jaxdecouple.study.definitions import cpu_cifar10_resist_why as why
 from jaxdecouple.study.definitions.common import CIFAR10_DATA, CIFAR10_FILE
 
 TUNE = ((0.7, 0.9), (1.0, 0.5), (0.4, 0.9))  # (outer lr, outer momentum): DiLoCo's, a mild one, a slow one
-# The setting each method's 3-seed runs use: the tune rows' lowest hold-out error (DiLoCo's until they finish).
-CHOSEN = {'localsgd': (0.7, 0.9), 'resist': (0.7, 0.9)}
 COMPRESSED = (('8-bit updates', {'replica.quantize_bits': 8}), ('4-bit updates', {'replica.quantize_bits': 4}),
               ('25% kept updates', {'replica.sparsify': 0.25}))
 HOLDOUT = 0.1  # of the training set, evaluated in place of the test set by the tune rows
@@ -30,18 +31,36 @@ def build(method, workers, epochs, outer=(1.0, 0.0), holdout=0.0, overrides=None
   return b
 
 
+def best_of(tune_runs: list[Run]) -> Callable[[str], dict | None]:
+  """The 3-seed runs' outer lr and momentum: those of the method's tune run with the lowest hold-out error (the
+  first of TUNE's order on a tie; a diverged one counts as the worst), read from the runs' records once all have
+  finished, so the choice is made by this rule, from the hold-out split only, without anyone looking on."""
+  def choose(workdir: str) -> dict | None:
+    errors = []
+    for run in tune_runs:
+      finished, _ = read_record(workdir, run, 'finished.json', FINISHED_NEEDS)
+      if finished is None and read_record(workdir, run, 'diverged.json')[0] is None:
+        return None
+      errors.append(1.0 - finished['test_accuracy'] if finished else math.inf)
+    lr, momentum = TUNE[errors.index(min(errors))]
+    return {'replica.outer_lr': lr, 'replica.outer_momentum': momentum}
+  return choose
+
+
 def study() -> Study:
   shown = {(r.row, r.column, r.seed): r for r in why.study().runs}
   shown.update({(r.row, r.column, r.seed): r for r in main.study().runs})
   tune = f'tune: {main.MODEL}, S=2, {main.EPOCHS} epochs, hold-out error'
   s2, s4 = f'{main.MODEL}, S=2, {2 * main.EPOCHS} epochs', f'{main.MODEL}, S=4'
   names = {'localsgd': 'local SGD', 'resist': 'ResIST'}
-  runs = [Run(tune, f'{names[m]} + outer {lr:g}/{mu:g}', 0, build(m, 2, main.EPOCHS, (lr, mu), HOLDOUT))
-          for m in names for lr, mu in TUNE]
+  tuning = {m: [Run(tune, f'{names[m]} + outer {lr:g}/{mu:g}', 0, build(m, 2, main.EPOCHS, (lr, mu), HOLDOUT))
+                for lr, mu in TUNE] for m in names}
+  runs = [r for m in names for r in tuning[m]]
   for seed in SEEDS:
     for row, workers, epochs in ((s2, 2, 2 * main.EPOCHS), (s4, 4, main.EPOCHS)):
       runs += [shown[(row, column, seed)].shown_as(row) for column in names.values()]
-      runs += [Run(row, f'{names[m]} + outer', seed, build(m, workers, epochs, CHOSEN[m])) for m in names]
+      runs += [Run(row, f'{names[m]} + outer', seed, build(m, workers, epochs), choose=best_of(tuning[m]),
+                   waits_for=f'the {len(TUNE)} tune runs of {names[m]}') for m in names]
   runs += [Run(s4, f'ResIST, {name}', 0, build('resist', 4, main.EPOCHS, overrides=o)) for name, o in COMPRESSED]
   runs += [Run(s4, 'ResIST, 25% kept updates', seed, build('resist', 4, main.EPOCHS, overrides=COMPRESSED[2][1]))
            for seed in SEEDS[1:]]
@@ -50,8 +69,9 @@ def study() -> Study:
       'with compressed updates', CIFAR10_DATA,
       f"cpu_cifar10_resist's recipe and proxy ({main.MODEL}; SGD lr 0.03, momentum restarted every round, 50 "
       'local steps) at S=2 for 16 epochs (cpu_cifar10_resist_why\'s row) and S=4 for 8; "+ outer": each round '
-      "ends with DiLoCo's outer Nesterov step, outer lr and momentum chosen per method from the tune rows "
-      f'(one seed, S=2, 8 epochs, {HOLDOUT:.0%} of the training set held out and evaluated in place of the test '
+      "ends with DiLoCo's outer Nesterov step, outer lr and momentum chosen per method from the tune rows (the lowest "
+      "hold-out error, by rule once they have finished: each run's config.json has the values; "
+      f'one seed, S=2, 8 epochs, {HOLDOUT:.0%} of the training set held out and evaluated in place of the test '
       f'set; settings (lr, momentum) {", ".join(f"{a:g}/{b:g}" for a, b in TUNE)}); "updates": the shared '
       "layers' change compressed with error feedback through the A.5 codec (blocks travel whole), plain "
       'averaging. Plain local SGD and ResIST are the committed runs of cpu_cifar10_resist and _why',
