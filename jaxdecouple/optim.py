@@ -143,7 +143,8 @@ def validate(o) -> None:
     if not o[field] > 0:
       fail(f'optim.{field}', f'must be positive, got {o[field]!r}')
   if o.get('momentum_decay', 0.0) < 0:
-    fail('optim.momentum_decay', f'must be at least 0 (0: optax\'s NAdamW; > 0: PyTorch\'s NAdam), got {o.momentum_decay!r}')
+    fail('optim.momentum_decay', f'must be at least 0 (0: optax\'s NAdamW; > 0: PyTorch\'s NAdam), got '
+         f'{o.momentum_decay!r}')
   if o.get('momentum_decay', 0.0) > 0 and not (o.name == 'adamw' and o.nesterov):
     fail('optim.momentum_decay', f'is PyTorch\'s NAdam schedule: it needs optim.name=adamw and optim.nesterov=true, '
          f'got optim.name={o.name} and optim.nesterov={o.nesterov}; set optim.momentum_decay=0')

@@ -17,7 +17,8 @@ class Run:
   seed: int
   build: Callable[[], object]   # returns the run's config (seed not yet set)
   also_rows: tuple[str, ...] = ()  # other rows its result is shown in (BP, which has no K)
-  key: str = ''                 # its folder name when it is another study's run, shown here again
+  key: str = ''                 # its folder name when it is another study's run shown here again, or a run
+  #                               whose column was renamed after it ran
   # Settings that come from other runs' results (a tuning row's best): ``choose(workdir)`` returns the config
   # fields to set, or None while the runs it reads have not finished (the runner passes the run over until
   # then, saying ``waits_for``). The values it chose are in the run's config.json, as every field is.

@@ -7,20 +7,22 @@ on CIFAR-10 (vit6_d64_p4, 10 epochs): BP against FDG at K = 2 and 4. 3 seeds eac
 on the ViT, one seed. Does FDG's delayed gradient, which trails BP by +0.72 points at K = 4 on a CNN, hold on
 attention blocks?
 
-The column 'FDG NAdamW b1 0.99' (seed 0 only) is optax's NAdamW, which keeps b1 = 0.99 from the first step: the
-study's first reading of "what AsyncPP's code runs" until a look at that code (2026-11-27) found PyTorch's NAdam,
-whose look-ahead weight mu_t starts at b1 / 2. Kept as run, beside the column that replaced it."""
+The column 'FDG NAdamW b1 0.99 (optax)' (seed 0 only) is optax's NAdamW, which keeps b1 = 0.99 from the first
+step: the study's first reading of "what AsyncPP's code runs" until a look at that code (2026-11-27) found
+PyTorch's NAdam, whose look-ahead weight mu_t starts at b1 / 2. Kept as run, beside the column that replaced it."""
 from jaxdecouple.study.core import SEEDS, Run, Study
 from jaxdecouple.study.definitions.common import CIFAR10_DATA, CIFAR10_FILE
 
 GPT, GPT_EPOCHS, K, S = 'gpt_small', 2, 4, 2
 VIT, VIT_EPOCHS = 'vit6_d64_p4', 10
+# optax's NAdamW; its run's folder keeps the name it was made under, before '(optax)' told it from PyTorch's
+OPTAX_NADAMW, OPTAX_NADAMW_KEY = 'FDG NAdamW b1 0.99 (optax)', 'gpt-8-gpt-small-k-4-s-2__fdg-nadamw-b1-0.99__seed0'
 NADAM, NADAM_FIELDS = 'FDG NAdam b1 0.99 (PyTorch)', {'optim.nesterov': True, 'optim.b1': 0.99,
                                                        'optim.momentum_decay': 0.004}
 GPT_COLUMNS = (('BP', 'bp', {}), ('1F1B', '1f1b', {}), ('FDG', 'fdg', {}),
-               ('FDG NAdamW b1 0.99', 'fdg', {'optim.nesterov': True, 'optim.b1': 0.99}), (NADAM, 'fdg', NADAM_FIELDS),
+               (OPTAX_NADAMW, 'fdg', {'optim.nesterov': True, 'optim.b1': 0.99}), (NADAM, 'fdg', NADAM_FIELDS),
                ('DGL', 'dgl', {}), ('local SGD', 'localsgd', {}), ('ResIST', 'resist', {}))
-ONE_SEED = ('FDG NAdamW b1 0.99',)  # superseded (module docstring): its seed-0 run stays in the table
+ONE_SEED = (OPTAX_NADAMW,)  # superseded (module docstring): its seed-0 run stays in the table
 
 
 def gpt(method: str, fields: dict):
@@ -51,8 +53,8 @@ def study() -> Study:
   row, vit2, vit4 = f'GPT-8 ({GPT}), K={K} / S={S}', f'ViT ({VIT}), K=2', f'ViT ({VIT}), K=4'
   runs = []
   for seed in SEEDS:
-    runs += [Run(row, column, seed, gpt(method, fields)) for column, method, fields in GPT_COLUMNS
-             if seed == SEEDS[0] or column not in ONE_SEED]
+    runs += [Run(row, column, seed, gpt(method, fields), key=OPTAX_NADAMW_KEY if column == OPTAX_NADAMW else '')
+             for column, method, fields in GPT_COLUMNS if seed == SEEDS[0] or column not in ONE_SEED]
     runs += [Run(vit2, 'BP', seed, vit('bp', 1), also_rows=(vit4,)), Run(vit2, 'FDG', seed, vit('fdg', 2)),
              Run(vit4, 'FDG', seed, vit('fdg', 4))]
   # Does AsyncPP's optimizer rescue FDG on the ViT as on the GPT? One seed each, last in the order, so the
@@ -65,7 +67,8 @@ def study() -> Study:
       f'bytes) for the GPT row; {CIFAR10_DATA} for the ViT rows',
       f'GPT: jaxdecouple.recipes.gpt_bytes (AdamW lr 1e-3, b2 0.95, weight decay 0.1, batch 32, linear warm-up over '
       f'the first epoch, lr / 10 after 80%) for {GPT_EPOCHS} epochs; K={K} stages on a FLOP-balanced split (FDG beta '
-      f'0.5; 1F1B with 4 micro-batches; AsyncPP\'s look-ahead as PyTorch\'s NAdam with b1 0.99 and momentum decay 0.004, as its released code runs it; '
+      f'0.5; 1F1B with 4 micro-batches; AsyncPP\'s look-ahead as PyTorch\'s NAdam with b1 0.99 and momentum decay '
+      f'0.004, as its released code runs it; '
       f'optax\'s NAdamW with b1 0.99 throughout beside it, one seed), S={S} workers of batch 32 with 20 '
       f'local steps. The table\'s error is the next-byte error on the held-out text; the bits per byte are in '
       f'their own table. ViT: recipes.vit_cifar (AdamW lr 1e-3, weight decay 0.05, batch 128, crop and flip) for '
