@@ -55,7 +55,7 @@ def test_sgd_is_bit_for_bit_the_previous_update(nesterov):
 
 
 @pytest.mark.parametrize('name', sorted(LR))
-def test_each_optimizer_under_fdg_matches_the_optax_reference(name, workdir):
+def test_each_optimizer_under_fdg_matches_the_optax_reference(name, workdir, caplog):
   """FDG K = 2, beta 0.5, 5 steps (in the first epoch: a constant rate): every stage's updates as optax's alias
   makes them. eps 1e-3 for the adaptive ones: with eps 1e-8 Adam's first step moves every parameter by about
   +-lr whatever its gradient's size, so a gradient within float noise of zero (the engine's jitted step and the
@@ -66,6 +66,8 @@ def test_each_optimizer_under_fdg_matches_the_optax_reference(name, workdir):
   result = train_and_evaluate(config, workdir)
   reference = reference_fdg(config, 5, tx=optax_alias(name, config.optim))
   assert_trees_close(result.variables, reference, tol=5e-4)
+  # each of them divides beta's factor out again, and the run's start-up log says so
+  assert any('pipeline.beta=0.5 multiplies' in r.getMessage() for r in caplog.records if r.levelname == 'WARNING')
   if name == 'adamw':  # sharp: the same reference with ten times the weight decay is far (2.0e-3 of the scale)
     config.optim.weight_decay = 0.5
     with pytest.raises(AssertionError):
@@ -190,3 +192,31 @@ def test_muon_really_moves_the_kernels_of_replica_workers(workdir):
 def test_what_an_optimizer_cannot_do_right_is_refused(overrides, field):
   with pytest.raises(ConfigError, match=field.replace('.', r'\.')):
     validate(tiny_config(**overrides))
+
+
+def test_beta_cannot_act_through_a_scale_free_optimizer_and_the_start_up_log_says_so():
+  """FDG's pipeline.beta multiplies the gradients a stage receives. AdamW, LAMB and Muon take the same step for
+  g and 0.5 g (up to eps), LARS nearly (its trust ratio divides by the gradient's norm; weight decay 5e-4 moves
+  the step by about 0.2%); SGD's step halves. So for all but SGD a beta < 1 gets a start-up warning."""
+  from jaxdecouple.methods.pipelined import SCALE_FREE_OPTIMIZERS, beta_note
+  rng = np.random.default_rng(0)
+  params = {'conv': {'kernel': jnp.asarray(rng.normal(size=(3, 3, 4, 8)).astype(np.float32))},
+            'bias': jnp.asarray(rng.normal(size=(8,)).astype(np.float32))}
+  grads = [jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape).astype(np.float32)), params) for _ in range(3)]
+  for name in ('sgd', *SCALE_FREE_OPTIMIZERS):
+    c = tiny_config(**{'optim.name': name, 'method': 'fdg', 'pipeline.beta': 0.5})  # weight decay 5e-4
+    steps = []
+    for scale in (1.0, 0.5):
+      opt = make_optimizer(c.optim)
+      p, state = params, opt.init(params)
+      for g in grads:
+        p, state = opt.update(jax.tree.map(lambda x: scale * x, g), state, p, jnp.float32(1e-2))
+      steps.append(jax.tree.map(lambda a, b: np.asarray(a - b), p, params))
+    moved = max(np.abs(x).max() for x in jax.tree.leaves(steps[0]))
+    apart = max(np.abs(a - b).max() for a, b in zip(jax.tree.leaves(steps[0]), jax.tree.leaves(steps[1])))
+    if name in SCALE_FREE_OPTIMIZERS:
+      assert apart < (5e-3 if name == 'lars' else 1e-5) * moved, (name, apart, moved)
+      assert 'changes almost nothing' in beta_note(c)
+    else:
+      assert apart > 0.4 * moved and beta_note(c) is None, (name, apart, moved)
+  assert beta_note(tiny_config(**{'optim.name': 'adamw', 'method': 'fdg'})) is None  # beta 1: nothing to say

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 
+from absl import logging
 import jax
 import numpy as np
 
@@ -17,6 +18,23 @@ from jaxdecouple.pipeline import timeline
 from jaxdecouple.pipeline.correctors import CORRECTORS, Corrector
 from jaxdecouple.pipeline.diagnose import Diagnosis
 from jaxdecouple.pipeline.placement import is_local
+
+
+# Optimizers whose step (nearly) does not change when every gradient of a stage is multiplied by one constant:
+# Adam's m / sqrt(v), LAMB's on top of it, Muon's orthogonalisation and its Adam (up to eps); LARS's trust ratio
+# divides by the gradient's norm (up to its weight-decay term: 0.2% of the step at 5e-4, tests/test_optimizers.py).
+SCALE_FREE_OPTIMIZERS = ('adamw', 'lamb', 'lars', 'muon')
+
+
+def beta_note(config) -> str | None:
+  """A start-up warning when FDG's gradient shrinking cannot act: beta multiplies the gradients a stage receives,
+  and a scale-free optimizer divides that factor out again. None when beta can act."""
+  beta, name = config.pipeline.beta, config.optim.name
+  if beta == 1 or name not in SCALE_FREE_OPTIMIZERS:
+    return None
+  return (f'pipeline.beta={beta:g} multiplies the gradients a stage receives, and optim.name={name} divides each '
+          "step by its gradients' own scale: beta changes almost nothing here. FDG's shrinking acts through sgd; "
+          'with this optimizer a smaller learning rate or a corrector is the lever')
 
 
 class PipelineMethod(Method):
@@ -107,6 +125,8 @@ class PipelineMethod(Method):
              f'{jax.local_device_count()} per process) leave process(es) {idle} of {jax.process_count()} without '
              'a stage; use at least as many stages as processes, or fewer processes')
     self.pipeline: Pipeline | None = None  # built at init, when the input shape is known
+    if (note := beta_note(setup.config)) and jax.process_index() == 0:
+      logging.warning(note)
 
   def _build(self, example: Batch) -> Pipeline:
     p = self.setup.config.pipeline
