@@ -631,3 +631,24 @@ def test_resist_outer_takes_each_methods_best_tune_setting_by_rule(tmp_path):
     record(run, 'finished.json', {'step': 10, 'test_accuracy': accuracy})
   assert waiting['ResIST + outer'].choose(workdir) == {'replica.outer_lr': 0.4, 'replica.outer_momentum': 0.9}
   assert waiting['ResIST + outer'].waits_for == 'the 3 tune runs of ResIST'
+
+
+def test_a_finished_runs_state_is_released_before_the_next_run_starts(tmp_path, monkeypatch):
+  """The runner keeps only what it reports of a run: when the next run starts, no earlier run's RunResult (its
+  state: a pipeline's in-flight activations, gigabytes for a GPT at K = 4) is alive any more."""
+  import gc
+  import weakref
+  from jaxdecouple import train
+  made, alive_at_start = [], []
+  real = train.train_and_evaluate
+  def tracked(config, workdir):
+    gc.collect()
+    alive_at_start.append(sum(ref() is not None for ref in made))
+    result = real(config, workdir)
+    made.append(weakref.ref(result))
+    return result
+  monkeypatch.setattr(train, 'train_and_evaluate', tracked)
+  study = study_lib.STUDIES['tiny']()
+  study = study_lib.Study('t', 'T', 'd', 'r', study.runs[:2])  # BP, then FDG
+  assert study_lib.run_study(study, str(tmp_path / 'study'), log=lambda _: None, console=False)['ran'] == 2
+  assert alive_at_start == [0, 0] and len(made) == 2

@@ -10,7 +10,7 @@ import re
 import shutil
 import socket
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from jaxdecouple.study.core import FINISHED_NEEDS, Study, is_finished, read_record, run_dir, warn_once
 
@@ -131,6 +131,29 @@ def _write_record(where: str, name: str, record: dict) -> None:
   os.replace(f'{path}.{os.getpid()}.tmp', path)
 
 
+class _Outcome(NamedTuple):
+  """What the runner needs of a run's RunResult: holding the RunResult itself would keep the run's state (a
+  pipeline's in-flight activations and stashed backward inputs: 7-11 GB for the GPT of cpu_gpt_async at K = 4)
+  alive through the next run, which then met two runs' memory (a runner was killed for it on a 24 GB host)."""
+  finished: bool
+  step: int
+  last_eval: dict | None
+  stop_requested: bool
+
+
+def _outcome(result) -> _Outcome:
+  return _Outcome(result.finished, result.step, result.last_eval, result.stop_requested)
+
+
+def _free_memory() -> None:
+  """Between runs: drop what the last run left for the garbage collector and JAX's caches of compiled programs
+  (a run's jitted functions are its own; the next run compiles its own)."""
+  import gc
+  import jax
+  gc.collect()
+  jax.clear_caches()
+
+
 def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0,
               time_limit_s: float = 0.0, log: Callable[[str], None] = print,
               keep_checkpoints: bool = False, console: bool = True, finish_by_s: float = 0.0) -> dict:
@@ -193,7 +216,7 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
       whole, began = not os.path.isdir(os.path.join(where, 'checkpoints')), time.time()
       try:
         with _progress_to(os.path.join(where, 'log.txt'), console):
-          result = train_and_evaluate(set_fields(run.config(data_path), chosen), where)
+          result = _outcome(train_and_evaluate(set_fields(run.config(data_path), chosen), where))
       except WorkdirInUseError:  # a process on another host, or one that took over a dead claim as we did
         log(f'[{i + 1}/{len(study.runs)}] {run.name}: its folder is locked by another live run, passed over')
         continue
@@ -223,5 +246,6 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
         break
     finally:
       release(where)
+      _free_memory()
   done = sum(is_finished(workdir, r) for r in study.runs)
   return {'finished': done, 'ran': ran, 'left': len(study.runs) - done}
