@@ -148,6 +148,8 @@ def validate(o) -> None:
   if o.get('momentum_decay', 0.0) > 0 and not (o.name == 'adamw' and o.nesterov):
     fail('optim.momentum_decay', f'is PyTorch\'s NAdam schedule: it needs optim.name=adamw and optim.nesterov=true, '
          f'got optim.name={o.name} and optim.nesterov={o.nesterov}; set optim.momentum_decay=0')
+  if o.nesterov and o.name == 'lamb':
+    fail('optim.nesterov', "optax's lamb has no Nesterov form (sgd, adamw, lars and muon do); leave it false with lamb")
   if o.ns_steps < 1:
     fail('optim.ns_steps', f'must be at least 1 (Newton-Schulz iterations), got {o.ns_steps!r}')
 

@@ -183,6 +183,11 @@ def test_diagnostics_show_prediction_raising_the_cosine(tmp_path):
     ({'method': 'fdg', 'pipeline.corrector': 'pipemare_lr', 'pipeline.lr_anneal_epochs': 0.0},
      'pipeline.lr_anneal_epochs'),
     ({'method': 'fdg', 'pipeline.corrector': 'nesterov', 'pipeline.nesterov_gamma': 1.0}, 'pipeline.nesterov_gamma'),
+    ({'method': 'fdg', 'pipeline.num_stages': 1, 'pipeline.corrector': 'predict'}, 'pipeline.corrector'),  # no delay
+    # another corrector's setting would be ignored without a word
+    ({'method': 'fdg', 'pipeline.dc_lambda': 0.1}, 'pipeline.dc_lambda'),
+    ({'method': 'fdg', 'pipeline.corrector': 'predict', 'pipeline.lr_anneal_epochs': 3.0}, 'pipeline.lr_anneal_epochs'),
+    ({'method': 'adl', 'pipeline.corrector': 'dc', 'pipeline.nesterov_gamma': 0.9}, 'pipeline.nesterov_gamma'),
 ])
 def test_bad_corrector_settings_name_the_field(overrides, field):
   with pytest.raises(ConfigError, match=field.replace('.', r'\.')):

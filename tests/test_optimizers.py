@@ -150,10 +150,11 @@ def test_muon_orthogonalises_every_kernel_and_stacked_ones_slot_by_slot():
 @pytest.mark.parametrize('field,value', [('optim.name', 'adam'), ('optim.b1', 1.0), ('optim.b2', -0.1),
                                          ('optim.eps', 0.0), ('optim.trust_coefficient', 0.0),
                                          ('optim.muon_beta', 1.5), ('optim.ns_steps', 0),
-                                         ('optim.momentum_decay', -0.004)])
+                                         ('optim.momentum_decay', -0.004), ('optim.nesterov', True)])
 def test_bad_optimizer_settings_name_the_field(field, value):
+  lamb = {'optim.name': 'lamb'} if field == 'optim.nesterov' else {}  # optax's lamb has no Nesterov form
   with pytest.raises(ConfigError, match=field.replace('.', r'\.')):
-    validate(tiny_config(**{field: value}))
+    validate(tiny_config(**{field: value, **lamb}))
 
 
 def test_muon_really_moves_the_kernels_of_replica_workers(workdir):

@@ -801,13 +801,16 @@ def test_communication_for_resnet101_against_the_papers_table():
     ({'replica.stats_every_steps': 3}, 'replica.stats_every_steps'),  # not a multiple of L = 2
     ({'replica.warmup_steps': 3}, 'replica.warmup_steps'),  # not a multiple of L = 2
     ({'replica.warmup_steps': 6}, 'replica.warmup_steps'),  # longer than the 5-step run
+    # longer than a run counted in epochs (1 epoch of 256 / 32 = 8 steps), which only the data's size tells
+    ({'replica.warmup_steps': 8, 'steps': 0, 'num_epochs': 1, 'optim.milestones': ()}, 'replica.warmup_steps'),
     ({'replica.partition': 'all'}, 'replica.partition'),
     ({'replica.partition': 'every_section', 'replica.min_depth': 2}, 'replica.min_depth'),
     ({'model': 'resnet8'}, 'model'),
 ])
 def test_bad_replica_settings_are_refused(overrides, field, workdir):
   with pytest.raises(ConfigError, match=field.replace('.', r'\.')):
-    train_and_evaluate(replica_config('resist', **overrides), workdir)
+    kw = dict(overrides)
+    train_and_evaluate(replica_config('resist', steps=kw.pop('steps', 5), **kw), workdir)
 
 
 def test_slots_need_contiguous_alike_partitioned_blocks():

@@ -218,7 +218,9 @@ def test_bfloat16_compute_stays_near_float32(model, workdir, tmp_path, request):
     ({'dataset': 'cifar10'}, 'model', 'use a gpt model'),
     ({'model': 'resnet8'}, 'model', 'use a gpt model'),
     ({'model': 'gpt2_d30_h4_t64'}, 'model', 'divisible by the heads'),
-    ({'model': 'vit2_d32_t64', 'dataset': 'cifar10'}, 'model', 'names its patch size')])
+    ({'model': 'vit2_d32_t64', 'dataset': 'cifar10'}, 'model', 'names its patch size'),
+    ({'method': 'resist', 'replica.num_workers': 2, 'replica.partition': 'every_section'}, 'replica.partition',
+     'one section of identical blocks')])
 def test_bad_input_is_one_line_naming_the_field(overrides, field, words):
   with pytest.raises(ConfigError) as e:
     validate(text_config(**overrides))

@@ -14,14 +14,19 @@ import jax
 
 from jaxdecouple.common import Setup, classification_loss  # noqa: F401  (part of this interface)
 from jaxdecouple.data import Batch
+from jaxdecouple.config import get_default_config
 from jaxdecouple.errors import fail
 
+# replica fields that change what a worker sends or how a round's average is applied: a method without the
+# replica engine refuses them rather than ignoring them (its other replica fields are harmless sizes)
+REPLICA_EXCHANGE_FIELDS = ('outer_lr', 'outer_momentum', 'compress', 'quantize_bits', 'sparsify', 'update_exchange')
 
 class Method(abc.ABC):
   name: ClassVar[str]
   scans_blocks: ClassVar[bool] = True  # whether config.scan_blocks applies (the replica engine unrolls)
   pipelined: ClassVar[bool] = False  # a configuration of the pipeline engine (stages on devices)
   transfers: ClassVar[bool] = False  # sends arrays between devices of different processes (jax.device_put)
+  replicated: ClassVar[bool] = False  # a configuration of the replica engine (workers that average)
 
   def __init__(self, setup: Setup):
     self.setup = setup
@@ -40,6 +45,12 @@ class Method(abc.ABC):
     if config.pipeline.diagnose_every_steps and not cls.pipelined:
       fail('pipeline.diagnose_every_steps', f'compares a pipeline stage\'s gradient with back-propagation\'s; '
            f'{cls.name} has no stages (use a pipeline method, or leave it at 0)')
+    if not cls.replicated:  # what only the replica engine reads would otherwise be ignored without a word
+      default = get_default_config().replica
+      for field in REPLICA_EXCHANGE_FIELDS:
+        if config.replica[field] != default[field]:
+          fail(f'replica.{field}', f'sets how replica workers (resist, localsgd) exchange their rounds; {cls.name} '
+               f'has no workers or rounds, so it would be ignored: leave it at {default[field]!r}')
 
   @abc.abstractmethod
   def init(self, rng: jax.Array, example: Batch) -> Any:

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 
 from jaxdecouple.common import use_split_backward
+from jaxdecouple.config import get_default_config
 from jaxdecouple.errors import fail
 from jaxdecouple.data import Batch, train_inputs
 from jaxdecouple.methods.base import Method, Setup
@@ -24,6 +25,8 @@ from jaxdecouple.pipeline.placement import is_local
 # Adam's m / sqrt(v), LAMB's on top of it, Muon's orthogonalisation and its Adam (up to eps); LARS's trust ratio
 # divides by the gradient's norm (up to its weight-decay term: 0.2% of the step at 5e-4, tests/test_optimizers.py).
 SCALE_FREE_OPTIMIZERS = ('adamw', 'lamb', 'lars', 'muon')
+# each corrector's own setting: refused with another corrector, which would ignore it
+CORRECTOR_FIELDS = {'dc_lambda': 'dc', 'lr_anneal_epochs': 'pipemare_lr', 'nesterov_gamma': 'nesterov'}
 
 
 def beta_note(config) -> str | None:
@@ -87,6 +90,14 @@ class PipelineMethod(Method):
     if cls.keep == 'replay' and p.corrector not in ('none', 'pipemare_lr'):
       fail('pipeline.corrector', f'{cls.name} replays its forward with its current parameters, so nothing is stale '
            "in them to predict or compensate; only 'pipemare_lr' applies")
+    if p.corrector != 'none' and p.num_stages == 1:
+      fail('pipeline.corrector', 'with pipeline.num_stages=1 no stage is delayed, so there is nothing to correct; '
+           "use at least 2 stages, or leave it at 'none'")
+    default = get_default_config().pipeline
+    for field, owner in CORRECTOR_FIELDS.items():  # a setting of another corrector than the one chosen
+      if p[field] != default[field] and p.corrector != owner:
+        fail(f'pipeline.{field}', f"is a setting of corrector '{owner}', and pipeline.corrector={p.corrector!r} "
+             f"ignores it: set pipeline.corrector={owner}, or leave it at {default[field]!r}")
     if not p.dc_lambda >= 0:
       fail('pipeline.dc_lambda', f'must be non-negative, got {p.dc_lambda}')
     if not p.lr_anneal_epochs > 0:

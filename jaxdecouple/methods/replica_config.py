@@ -90,9 +90,10 @@ def validate(config, name: str, partition: bool, average: bool) -> None:
          "use replica.momentum='restart' (the paper's) with muon")
   if partition:
     try:
-      blocks = len(partitioned_groups(build_model(config.model, 10))[0])
+      groups = partitioned_groups(build_model(config.model, 10), r.partition)
+      blocks = len(groups[0])
     except ValueError as e:
-      fail('model', str(e))
+      fail('replica.partition' if r.partition != 'third_section' and 'every_section' in str(e) else 'model', str(e))
     # (the naive partition: a section with fewer blocks than workers leaves some workers without one)
     if r.partition == 'third_section' and r.num_workers > blocks and r.min_depth == 0:
       fail('replica.num_workers', f'{config.model} has {blocks} partitioned blocks, fewer than the '

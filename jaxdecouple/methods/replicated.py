@@ -26,6 +26,7 @@ from jaxdecouple.replica import Replica, ReplicaState, describe
 class ReplicaMethod(Method):
   """Shared plumbing: the engine (and a local SGD warm-up's), evaluation and the start-up description."""
   scans_blocks = False  # workers gather and skip blocks one by one
+  replicated = True
   partition, average, redraw = True, True, True
 
   @classmethod
@@ -42,6 +43,11 @@ class ReplicaMethod(Method):
     self.engine = engine(setup.model, spec)
     self.eval_uses_batch_statistics = r.batch_norm == 'batch'
     self.warmup = r.warmup_steps if self.partition and self.average else 0
+    total = setup.config.max_steps or setup.config.num_epochs * setup.steps_per_epoch  # as the training loop counts
+    if self.warmup and self.warmup >= total:  # (validate checks max_steps; an epoch count needs the data's size)
+      fail('replica.warmup_steps', f'{self.warmup} is not shorter than the run ({total} steps: num_epochs '
+           f'{setup.config.num_epochs} x {setup.steps_per_epoch} per epoch): ResIST would never start; shorten '
+           'the warm-up or train longer')
     # the warm-up: local SGD on the network ResIST evaluates (partitioned branches scaled, as the paper does)
     self.warm = engine(self.engine.eval_model(), dataclasses.replace(spec, partition=False)) if self.warmup else None
     if self.warm is not None:
