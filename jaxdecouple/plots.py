@@ -117,21 +117,38 @@ def _save(fig, path):
 def plot_diagnostics(runs: str | Mapping[str, str], path: str | None = None, title: str | None = None):
   """Draws, per stage over training, the cosine similarity and the norm ratio between the gradient each
   stage applied and back-propagation's (``pipeline.diagnose_every_steps``). ``runs``: a workdir, or
-  {label: workdir} to draw several runs (line style per run, colour per stage)."""
+  {label: workdir} to draw several runs (colour per stage). One or two runs share one pair of panels (line
+  style per run); with more, the first is the reference (e.g. plain FDG) and every other run gets its own
+  pair of panels with the reference drawn dashed beside it, so that each is read against it and not in a
+  crowd of lines."""
   plt = _figure_backend(path)
-  runs = {'': runs} if isinstance(runs, str) else runs
-  fig, (ax_cos, ax_ratio) = plt.subplots(1, 2, figsize=(10, 3.8))
-  styles = ['-', '--', ':', '-.']
-  for i, (label, workdir) in enumerate(runs.items()):
-    for k, d in sorted(diagnostics(workdir).items()):
-      name = f'{label} stage {k}'.strip()
-      ax_cos.plot(d['epoch'], d['cosine'], styles[i % 4], color=f'C{k}', label=name)
-      ax_ratio.plot(d['epoch'], d['norm_ratio'], styles[i % 4], color=f'C{k}', label=name)
-  ax_cos.set(xlabel='epoch', ylabel='cosine to BP gradient')
-  ax_ratio.set(xlabel='epoch', ylabel='norm ratio to BP gradient')
-  for ax in (ax_cos, ax_ratio):
-    ax.grid(alpha=0.3)
-  fig.legend(*ax_cos.get_legend_handles_labels(), loc='center left', bbox_to_anchor=(1.0, 0.5))
+  runs = {'': runs} if isinstance(runs, str) else dict(runs)
+  curves = {label: sorted(diagnostics(workdir).items()) for label, workdir in runs.items()}
+  labels = list(curves)
+  pairs = [labels] if len(labels) <= 2 else [[labels[0], other] for other in labels[1:]]
+  fig, axes = plt.subplots(len(pairs), 2, figsize=(10, 3.8 if len(pairs) == 1 else 2.9 * len(pairs)),
+                           squeeze=False, sharex=True)
+  for (ax_cos, ax_ratio), shown in zip(axes, pairs):
+    for i, label in enumerate(shown):
+      for k, d in curves[label]:
+        name = f'{label} stage {k}'.strip()
+        width = 1.0 if len(pairs) > 1 and i == 0 else 1.5  # the reference, thinner beside each run
+        ax_cos.plot(d['epoch'], d['cosine'], ['-', '--'][i] if len(pairs) == 1 else ['--', '-'][i],
+                    color=f'C{k}', label=name, linewidth=width)
+        ax_ratio.plot(d['epoch'], d['norm_ratio'], ['-', '--'][i] if len(pairs) == 1 else ['--', '-'][i],
+                      color=f'C{k}', label=name, linewidth=width)
+    ax_cos.set(ylabel='cosine to BP gradient')
+    ax_ratio.set(ylabel='norm ratio to BP gradient')
+    if len(pairs) > 1:
+      ax_cos.set_title(f'{shown[1]} (solid) against {shown[0]} (dashed)', fontsize=9, loc='left')
+    for ax in (ax_cos, ax_ratio):
+      ax.grid(alpha=0.3)
+    if len(pairs) > 1:
+      ax_ratio.legend(*ax_cos.get_legend_handles_labels(), fontsize=7, loc='center left', bbox_to_anchor=(1.0, 0.5))
+  for ax in axes[-1]:
+    ax.set_xlabel('epoch')
+  if len(pairs) == 1:
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc='center left', bbox_to_anchor=(1.0, 0.5))
   if title:
     fig.suptitle(title)
   fig.tight_layout()

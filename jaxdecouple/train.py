@@ -20,7 +20,7 @@ from absl import logging
 
 from jaxdecouple.checkpoint import Checkpointer
 from jaxdecouple.clock import Clock, epoch_clock_at, itstime
-from jaxdecouple.data import TrainOrder, load_dataset, preprocess_for
+from jaxdecouple.data import TEXT_DATASETS, TrainOrder, load_dataset, preprocess_for
 from jaxdecouple.data.holdout import hold_out
 from jaxdecouple.data.stream import BlankImages, Prefetcher
 from jaxdecouple.errors import ConfigError, DivergenceError, fail
@@ -252,9 +252,10 @@ class Loop:
     if self.dataset.streamed and self.dataset.x_train.skipped:
       means['skipped_images'] = self.dataset.x_train.skipped  # damaged images replaced so far (this process)
     self.writer.write('train', step, epoch=round(step / self.spe, 4), images_per_sec=round(rate, 1), **means)
-    logging.info('step %d/%d (epoch %.2f): loss %.4f, lr %.4g, %.0f images/s, ETA %s', step, self.total_steps,
+    unit = 'sequences' if self.config.dataset in TEXT_DATASETS else 'images'  # (the record's key stays images_...)
+    logging.info('step %d/%d (epoch %.2f): loss %.4f, lr %.4g, %.0f %s/s, ETA %s', step, self.total_steps,
                  step / self.spe, means.get('train_loss', float('nan')), means.get('learning_rate', float('nan')),
-                 rate, format_duration(eta))
+                 rate, unit, format_duration(eta))
 
   def evaluate(self, state, step: int) -> dict:
     """Test figures of the whole network; the epoch's clock is read before and starts again after."""

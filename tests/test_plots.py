@@ -92,6 +92,12 @@ def test_diagnostics_per_stage_and_their_plot(tmp_path):
   fig = plot_diagnostics({'FDG': wd}, path=png)
   assert os.path.getsize(png) > 1000
   assert [line.get_label() for line in fig.axes[0].get_lines()] == ['FDG stage 0', 'FDG stage 1']
+  # more than two runs: one pair of panels per run after the first, each with the first (the reference) beside it
+  fig = plot_diagnostics({'FDG': wd, 'FDG predict': wd, 'FDG dc': wd}, path=png)
+  assert len(fig.axes) == 4
+  assert [line.get_label() for line in fig.axes[2].get_lines()] == ['FDG stage 0', 'FDG stage 1', 'FDG dc stage 0',
+                                                                     'FDG dc stage 1']
+  assert [line.get_linestyle() for line in fig.axes[2].get_lines()] == ['--', '--', '-', '-']
 
 
 def test_training_seconds_and_time_to_an_error(tmp_path):

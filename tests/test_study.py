@@ -115,13 +115,22 @@ def test_gaps_pair_seeds_and_checks_decide(tmp_path):
   assert study_lib.gap(study, workdir, 'A, K=2', 'M', 'BP') == (pytest.approx(1.5), 2)  # seed 2: no M, unpaired
   assert study_lib.gap(study, workdir, 'A, K=4', 'M', 'BP') == (pytest.approx(2.0), 2)
   lines = [study_lib.check(study, workdir, c) for c in claims]
-  assert lines == ['- grows: **yes** (A, K=2: +1.50, n=2; A, K=4: +2.00, n=2)',
-                   '- shrinks: **no** (A, K=4: +2.00, n=2; A, K=2: +1.50, n=2)',
-                   '- close at 2: **met** (A, K=2: +1.50, n=2)', '- close at 4: **missed** (A, K=4: +2.00, n=2)',
+  # 3 seeds planned per cell: a verdict on 2 pairs says it is provisional, and which cells are short
+  short = lambda *cells: ' (provisional, fewer seeds than planned: ' + '; '.join(f'{c}, M: 2 of 3' for c in cells) + ')'
+  assert lines == ['- grows: **yes** (A, K=2: +1.50, n=2; A, K=4: +2.00, n=2)' + short('A, K=2', 'A, K=4'),
+                   '- shrinks: **no** (A, K=4: +2.00, n=2; A, K=2: +1.50, n=2)' + short('A, K=4', 'A, K=2'),
+                   '- close at 2: **met** (A, K=2: +1.50, n=2)' + short('A, K=2'),
+                   '- close at 4: **missed** (A, K=4: +2.00, n=2)' + short('A, K=4'),
                    '- vs nobody: waiting for runs (A, K=2: -)',
-                   '- near 11.5: **met** (A, K=2: 12.50 (11.00-14.00), n=2, +1.00 from 11.50)',
+                   '- near 11.5: **met** (A, K=2: 12.50 (11.00-14.00), n=2, +1.00 from 11.50)' + short('A, K=2'),
                    '- near 14.5: **missed** (A, K=4: 13.00 (13.00-20.00), n=3, -1.50 from 14.50)',
                    '- near nothing: waiting for runs (A, K=2: -)']
+  # "at most half": +1.50 against +2.00 is smaller, but not half
+  half = study_lib.Claim('half', 'M', rows, factor=0.5)
+  assert study_lib.check(study, workdir, half).startswith('- half: **no** (')
+  assert study_lib.check(study, workdir, study_lib.Claim('half', 'M', rows, factor=0.75)).startswith('- half: **yes**')
+  with pytest.raises(ValueError, match='a factor in'):
+    study_lib.Claim('x', 'M', rows[:1], 1.0, factor=0.5)
   with pytest.raises(ValueError, match='one row needs a limit'):
     study_lib.Claim('x', 'M', rows[:1])
   with pytest.raises(ValueError, match='a reference figure is checked in one row'):

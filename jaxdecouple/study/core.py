@@ -55,7 +55,8 @@ class Claim:
   seeds both finished of the per-seed difference) is at most ``limit``. With several rows: that gap
   grows from each row to the next (as DGL's does with K in the FDG paper). With a ``reference`` (one
   row): the column's median test error is within ``limit`` points of that figure, either side (another
-  code's result on the same data, which has no seeds to pair with ours).
+  code's result on the same data, which has no seeds to pair with ours). ``factor`` (several rows): each
+  row's gap is at most that fraction of the next row's (0.5: "at most half"; 1, the default: smaller).
   """
   text: str
   column: str
@@ -63,12 +64,15 @@ class Claim:
   limit: float | None = None
   baseline: str = 'BP'
   reference: float | None = None
+  factor: float = 1.0
 
   def __post_init__(self):
     if (len(self.rows) == 1) != (self.limit is not None):
       raise ValueError(f'claim {self.text!r}: one row needs a limit, several rows compare gaps, not a limit')
     if self.reference is not None and len(self.rows) != 1:
       raise ValueError(f'claim {self.text!r}: a reference figure is checked in one row, with a limit')
+    if self.factor != 1.0 and (len(self.rows) < 2 or not 0 < self.factor < 1):
+      raise ValueError(f'claim {self.text!r}: a factor in (0, 1) compares the gaps of several rows')
 
 
 @dataclasses.dataclass(frozen=True)

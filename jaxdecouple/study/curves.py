@@ -99,7 +99,8 @@ def train_error_table(study: Study, workdir: str) -> list[str]:
     return [f"{statistics.median(c['train_error'][-1] for c in curves):.2f}",
             f"{statistics.median(c['test_error'][-1] - c['train_error'][-1] for c in curves):+.2f}"]
   return _curves_table(study, workdir, 'Training error (%) in the last epoch (the mean of the training records logged '
-                       'in it: augmented images, BatchNorm in training mode, the parameters moving), then the test error '
+                       'in it: the training batches as trained, augmented and with BatchNorm in training mode where the '
+                       'network has them, the parameters moving), then the test error '
                        'minus it (points); medians over the finished seeds. A network whose two errors are close '
                        'underfits: there a method that optimises less well loses test accuracy too.'
                        + (' For ResIST and local SGD the training error is the mean over the workers of each one\'s '

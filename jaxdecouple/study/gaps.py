@@ -48,8 +48,21 @@ def _gap_text(g: tuple[float, int] | None) -> str:
   return '-' if g is None else f'{g[0]:+.2f}, n={g[1]}'
 
 
+def _planned_seeds(study: Study, row: str, column: str) -> int:
+  return len({r.seed for r in study.runs if r.in_row(row) and r.column == column})
+
+
+def _provisional(study: Study, counts: Sequence[tuple[str, str, int]]) -> str:
+  """' (provisional: ...)' when a verdict stands on fewer seeds than the study runs for its cells: it can
+  still turn as the rest land."""
+  short = [f'{row}, {column}: {n} of {planned}' for row, column, n in counts
+           if n < (planned := _planned_seeds(study, row, column))]
+  return f" (provisional, fewer seeds than planned: {'; '.join(short)})" if short else ''
+
+
 def check(study: Study, workdir: str, claim: Claim) -> str:
-  """One line of the report's checks: the claim, met or not, and the gaps it was decided on."""
+  """One line of the report's checks: the claim, met or not, and the gaps it was decided on; provisional
+  while it stands on fewer seeds than the study plans."""
   if claim.reference is not None:
     row, = claim.rows
     errors = list(_errors_by_seed(study, workdir, row, claim.column).values())
@@ -58,7 +71,8 @@ def check(study: Study, workdir: str, claim: Claim) -> str:
     median = round(statistics.median(errors), 2)  # decided on the figure shown
     verdict = 'met' if abs(median - claim.reference) <= claim.limit else 'missed'
     return (f'- {claim.text}: **{verdict}** ({row}: {error_cell(errors)}, '
-            f'{median - claim.reference:+.2f} from {claim.reference:.2f})')
+            f'{median - claim.reference:+.2f} from {claim.reference:.2f})'
+            + _provisional(study, [(row, claim.column, len(errors))]))
   gaps = [(row, gap(study, workdir, row, claim.column, claim.baseline)) for row in claim.rows]
   shown = '; '.join(f'{row}: {_gap_text(g)}' for row, g in gaps)
   if any(g is None for _, g in gaps):
@@ -66,15 +80,19 @@ def check(study: Study, workdir: str, claim: Claim) -> str:
   values = [round(g[0], 2) for _, g in gaps]  # decided on the figures shown
   if claim.limit is not None:
     verdict = 'met' if values[0] <= claim.limit else 'missed'
+  elif claim.factor != 1.0:
+    verdict = 'yes' if all(a <= claim.factor * b for a, b in zip(values, values[1:])) else 'no'
   else:
     verdict = 'yes' if all(a < b for a, b in zip(values, values[1:])) else 'no'
-  return f'- {claim.text}: **{verdict}** ({shown})'
+  return (f'- {claim.text}: **{verdict}** ({shown})'
+          + _provisional(study, [(row, claim.column, g[1]) for row, g in gaps]))
 
 
 def gaps_and_checks(study: Study, workdir: str) -> list[str]:
   baselines = {row: row_baseline(study, row) for row in study.rows}
-  columns = [c for c in study.columns if c not in study.baselines]
   used = list(dict.fromkeys(b for b in baselines.values() if b))
+  # every column but the baselines the rows use: a study with BP and local SGD measures local SGD against BP too
+  columns = [c for c in study.columns if c not in used]
   with_paper = lambda col: any((row, col) in study.paper and (row, baselines[row]) in study.paper
                                for row in study.rows)
   header = ['row'] + [c for col in columns for c in (col, 'paper') if c != 'paper' or with_paper(col)]
