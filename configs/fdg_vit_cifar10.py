@@ -5,7 +5,8 @@ python main.py --config=configs/fdg_vit_cifar10.py --config.data.path=cifar10.np
 
 --config.method=bp for the baseline, --config.pipeline.num_stages=4 for K=4. Recipe:
 jaxdecouple.recipes.vit_cifar (AdamW lr 1e-3, weight decay 0.05, batch 128, 30 epochs, crop and flip).
-Measured: docs/METHODS.md "Transformers".
+Measured (study cpu_gpt_async, docs/RESULTS.md; a smaller ViT, vit6_d64_p4, for 10 epochs; Xeon, 2 cores, seed 0):
+test error BP 35.51%, FDG K=2 44.53% (+9.02 points), K=4 58.45% (+22.94).
 """
 from jaxdecouple.recipes import vit_cifar
 

@@ -194,6 +194,54 @@ def test_resist_on_gpt_blocks_matches_the_sequential_reference(workdir):
     assert_trees_close(mine['params'], stored_part(reference[w], mine)['params'], tol=1e-3)
 
 
+def numpy_block(p, x, scale, heads, causal):
+  """A pre-norm transformer block written out in float64 numpy from its definition (GPT-2's layout): x + s * proj(
+  attention(LN1(x))), then x + s * MLP(LN2(x)) with tanh-GELU, each head's softmax(q k^T / sqrt(d_head)) v."""
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), p)
+  ln = lambda x, q: (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-6) * q['scale'] + q['bias']
+  dense = lambda x, q: x @ q['kernel'] + q['bias']
+  gelu = lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+  b, t, d = x.shape
+  qkv = dense(ln(x, p['ln1']), p['qkv']).reshape(b, t, 3, heads, d // heads)
+  q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # [b, heads, t, d_head]
+  scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d // heads)
+  if causal:
+    scores = np.where(np.tril(np.ones((t, t), bool)), scores, -np.inf)
+  weights = np.exp(scores - scores.max(-1, keepdims=True))
+  attended = (weights / weights.sum(-1, keepdims=True) @ v).transpose(0, 2, 1, 3).reshape(b, t, d)
+  x = x + scale * dense(attended, p['proj'])
+  return x + scale * dense(gelu(dense(ln(x, p['ln2']), p['mlp_in'])), p['mlp_out'])
+
+
+def test_resist_on_gpt_blocks_scales_both_branches_at_test_time_and_moves_only_its_blocks():
+  """The tested network scales each partitioned block's two residual branches by 1/S (a numpy block of the
+  definition as the oracle), the shared s1b0 not at all; a round all-reduces the shared layers (stem, s1b0,
+  head) and sends each block that changes owner once, counted from the transfers made."""
+  from test_resist import initial_state
+  config = text_config('resist', 'gpt4_d32_t16', **{'replica.num_workers': 2, 'replica.local_steps': 2,
+                                                     'replica.num_devices': 2, 'cpu_devices': 2})
+  method, state = initial_state(config)
+  e = method.engine
+  model = e.eval_model()
+  blocks = dict(zip(model.block_names, model.chain.modules))
+  assert tuple(e.partitioned) == ('s1b1', 's1b2', 's1b3')
+  assert [blocks[n].residual_scale for n in ('s1b0', 's1b1', 's1b2', 's1b3')] == [1.0, 0.5, 0.5, 0.5]
+  x = np.random.default_rng(0).normal(size=(2, SEQ, 32)).astype(np.float32)
+  v = blocks['s1b2'].init(jax.random.key(1), x, train=False)
+  for scale in (0.5, 1.0):
+    np.testing.assert_allclose(blocks['s1b2'].clone(residual_scale=scale).apply(v, x, train=False),
+                               numpy_block(v['params'], x, scale, blocks['s1b2'].heads, causal=True), atol=2e-5)
+  e.aggregate(state, 0)
+  traffic = e.last_traffic
+  full = jax.device_get(e.model.init(jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32)))
+  size = lambda names: 4 * sum(a.size for c in full for n in names if n in full[c] for a in jax.tree.leaves(full[c][n]))
+  shared, block = size([n for n in e.chain.names if n not in e.partitioned]), size(['s1b1'])
+  now, nxt = e.layout.membership(0), e.layout.membership(1)
+  moved = sum(1 for w in range(2) for b in np.flatnonzero(nxt[w]) if not now[w, b])
+  assert traffic.all_reduce == shared
+  assert moved > 0 and traffic.sent.sum() == traffic.received.sum() == moved * block  # (this draw moves blocks)
+
+
 # --- mixed precision ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize('model', ['gpt_tiny', 'vit_tiny'])
