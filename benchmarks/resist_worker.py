@@ -60,12 +60,9 @@ def parse_args(argv=None):
 def round_model(step_seconds, speeds, local_steps: int, exchange_s: float = 0.0) -> dict:
   """A model (not a measurement) of one round's wall-clock from measured step times: worker w runs its L
   local steps in L * t_w / v_w seconds (v_w its relative speed), the exchange starts when the slowest is
-  done, and every other worker idles until then. Returns the round's seconds, each worker's busy seconds and
-  the fraction of the workers' time spent idle."""
-  busy = [local_steps * t / v for t, v in zip(step_seconds, speeds)]
-  longest = max(busy)
-  idle = sum(longest - b for b in busy) / (len(busy) * (longest + exchange_s))
-  return {'round_s': longest + exchange_s, 'busy_s': busy, 'idle_fraction': idle}
+  done (jaxdecouple/replica/stragglers.py, which the engine uses too)."""
+  from jaxdecouple.replica.stragglers import round_model as model
+  return model([local_steps * t for t in step_seconds], speeds, exchange_s)
 
 
 def print_round_model(results, args):

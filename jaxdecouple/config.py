@@ -133,6 +133,8 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.replica.error_feedback = True  # compress='updates': carry what was not sent into the next round
   c.replica.update_exchange = 'all_gather'  # compress='updates': all_gather, or two_stage (chunks all-to-all, then
                                             # their encoded means all-gathered: bytes constant in S; METHODS.md)
+  c.replica.worker_speeds = ()  # stragglers, simulated: one relative speed per worker (e.g. 1,1,1,0.5); each round
+  # is then timed for real and logged beside the model of a round that waits for its slowest (replica/stragglers.py)
 
   c.distributed = ml_collections.ConfigDict()  # several processes (hosts) in one run
   c.distributed.coordinator = ''   # '': one process; 'auto': jax.distributed.initialize() detects

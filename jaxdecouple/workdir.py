@@ -30,7 +30,7 @@ MAY_CHANGE_ON_RESUME = (
     'num_epochs', 'max_steps', 'eval_every_epochs', 'eval_batch_size', 'log_every_steps',
     'checkpoint_every_steps', 'keep_checkpoints', 'profile_every_steps', 'pipeline.diagnose_every_steps',
     'cpu_devices', 'split_backward', 'dp.num_devices', 'pipeline.num_devices', 'replica.num_devices',
-    'replica.skip', 'data.path', 'data.idx_dir', 'data.tfds_data_dir', 'data.tfds_download',
+    'replica.skip', 'replica.worker_speeds', 'data.path', 'data.idx_dir', 'data.tfds_data_dir', 'data.tfds_download',
     'data.tfds_manual_dir', 'data.workers', 'data.prefetch', 'data.imagenet_v2', 'data.imagenet_v2_dir',
     'distributed.coordinator', 'distributed.transfer_address', 'distributed.process_id', 'resume_changes',
     'distributed.startup_timeout_s', 'distributed.data_timeout_s', 'distributed.heartbeat_timeout_s',

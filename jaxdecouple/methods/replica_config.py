@@ -71,6 +71,11 @@ def validate(config, name: str, partition: bool, average: bool) -> None:
   if r.compress == 'updates' and not (r.quantize_bits or r.sparsify):
     fail('replica.compress', "'updates' compresses with replica.quantize_bits and/or replica.sparsify; set one "
          'of them (for example replica.sparsify=0.25)')
+  if r.worker_speeds and (len(r.worker_speeds) != r.num_workers or min(r.worker_speeds) <= 0):
+    fail('replica.worker_speeds', f'needs one positive relative speed per worker ({r.num_workers}; 1: as measured, '
+         f'0.5: half speed), got {tuple(r.worker_speeds)}')
+  if r.worker_speeds and not average:
+    fail('replica.worker_speeds', f'{name} never averages, so no round waits for a slow worker (leave it empty)')
   if r.update_exchange not in ('all_gather', 'two_stage'):
     fail('replica.update_exchange', f"{r.update_exchange!r} is not allowed; choose all_gather or two_stage")
   if r.update_exchange == 'two_stage' and r.compress != 'updates':

@@ -41,6 +41,7 @@ class ReplicaMethod(Method):
     devices = replica_config.devices(r, setup.devices)
     engine = lambda model, spec: Replica(model, spec, devices, setup.optimizer, setup.schedule, setup.preprocess)
     self.engine = engine(setup.model, spec)
+    self.engine.speeds = tuple(float(v) for v in r.worker_speeds)  # stragglers, simulated (replica/stragglers.py)
     self.eval_uses_batch_statistics = r.batch_norm == 'batch'
     self.warmup = r.warmup_steps if self.partition and self.average else 0
     total = setup.config.max_steps or setup.config.num_epochs * setup.steps_per_epoch  # as the training loop counts

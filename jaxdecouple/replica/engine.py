@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import Callable, Sequence
 
 from absl import logging
@@ -27,6 +28,7 @@ from jaxdecouple.optim import Optimizer
 from jaxdecouple.replica.averaging import AXIS, Averaging
 from jaxdecouple.replica.layout import Layout, ReplicaState, slot_key
 from jaxdecouple.replica.outer import OuterOptimizer
+from jaxdecouple.replica.stragglers import round_model
 from jaxdecouple.replica.traffic import Traffic
 from jaxdecouple.replica.partition import test_time_scale
 
@@ -103,6 +105,9 @@ class Replica:
     self.orders: list[TrainOrder] = []
     self.last_traffic: Traffic | None = None
     self.announce = True  # log the first round's measured bytes (off for a warm-up's engine)
+    self.speeds: tuple[float, ...] = ()  # per-worker speeds: each round timed for real, beside stragglers.py's model
+    self._round_start: float | None = None
+    self._rounds_timed = 0
 
   # --- state ----------------------------------------------------------------------------------------
   def put_workers(self, tree):
@@ -223,11 +228,20 @@ class Replica:
     return state
 
   def step(self, state: ReplicaState, batch: Batch, t: int):
+    timed = bool(self.speeds) and self.spec.average
+    if timed and (self._round_start is None or t % self.spec.local_steps == 0):
+      self._round_start = time.perf_counter()  # the last round ended waited for: nothing of it is still running
     images, labels = self.put_workers((batch.images, batch.labels))
     state, metrics = self.local_step(state, images, labels, np.int32(t))
     if self.spec.average and (t + 1) % self.spec.local_steps == 0:
       first = self.last_traffic is None and self.announce
+      if timed:
+        jax.block_until_ready(state)
+        local_end = time.perf_counter()
       state = self.aggregate(state, t // self.spec.local_steps)
+      if timed:
+        jax.block_until_ready(state)
+        metrics = {**metrics, **self._round_times(self._round_start, local_end, time.perf_counter())}
       traffic = self.last_traffic
       metrics = {**metrics, 'sent_mb': float(np.mean(traffic.sent)) / 1e6,
                  'received_mb': float(np.mean(traffic.received)) / 1e6,
@@ -240,6 +254,24 @@ class Replica:
                      'all_reduce_mb, collective_received_mb', metrics['sent_mb'], metrics['received_mb'],
                      metrics['all_reduce_mb'], metrics['collective_received_mb'])
     return state, metrics
+
+  def _round_times(self, start: float, local_end: float, end: float) -> dict[str, float]:
+    """A round's measured seconds (its local steps, then its exchange, each waited for) and the stragglers
+    model's round and idle fraction at ``self.speeds`` (replica/stragglers.py). The local steps of every worker
+    ran together in one program, so the model takes their time as each worker's at full speed (exact with one
+    worker per device). The first round includes compiling."""
+    local_s, exchange_s = local_end - start, end - local_end
+    model = round_model([local_s] * self.spec.num_workers, self.speeds, exchange_s)
+    times = {'round_s': end - start, 'round_local_s': local_s, 'round_exchange_s': exchange_s,
+             'round_s_stragglers': model['round_s'], 'stragglers_idle_fraction': model['idle_fraction']}
+    if self._rounds_timed == 1 and jax.process_index() == 0:  # the second round: past compiling
+      logging.info('stragglers (simulated, worker speeds %s): a round measured %.3f s (local steps %.3f s, exchange '
+                   '%.3f s); waiting for its slowest worker it would take %.3f s, the workers idle %.0f%% of their '
+                   'time (a model: replica/stragglers.py); logged each round as round_s, round_s_stragglers',
+                   ','.join(f'{v:g}' for v in self.speeds), times['round_s'], local_s, exchange_s,
+                   model['round_s'], 100 * model['idle_fraction'])
+    self._rounds_timed += 1
+    return times
 
   # --- evaluation -------------------------------------------------------------------------------
   def averaged(self, state: ReplicaState):
