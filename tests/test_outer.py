@@ -186,10 +186,14 @@ def test_resist_with_the_outer_optimizer_matches_the_reference(resist_outer_run)
 @pytest.mark.parametrize('method,workers,extra', [
     ('resist', 1, {}),
     ('localsgd', 3, {'replica.outer_nesterov': False, 'replica.compress': 'updates', 'replica.quantize_bits': 4}),
+    ('localsgd', 2, {}),  # the outer step alone, nothing compressed
+    ('resist', 2, {}),
+    ('resist', 3, {'replica.outer_nesterov': False}),
 ])
 def test_outer_runs_match_the_reference(method, workers, extra, workdir):
-  """S = 1 (the outer step alone: a Lookahead with Nesterov momentum) and local SGD with S = 3, plain
-  momentum and 4-bit compressed updates with error feedback."""
+  """S = 1 (the outer step alone: a Lookahead with Nesterov momentum); local SGD with S = 3, plain
+  momentum and 4-bit compressed updates with error feedback; local SGD with S = 2 and the outer step alone;
+  ResIST at S = 2 and at S = 3 (plain momentum); S = 4: the runs above."""
   check_against_reference(train_and_evaluate(replica_config(method, workers=workers, **DILOCO, **extra), workdir))
 
 
