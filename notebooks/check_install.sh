@@ -27,7 +27,9 @@ env -u PYTHONPATH "$scratch/venv/bin/python" - "$scratch" <<'PY'
 import importlib.util, os, sys
 import jaxdecouple
 assert not jaxdecouple.__file__.startswith(sys.argv[1] + '/jaxdecouple'), 'imported from the copy, not installed'
-spec = importlib.util.spec_from_file_location('c', os.path.join(sys.argv[1], 'configs', 'resist_preact101_c10_s2.py'))
+# the installed package's own copy of the configs (a wheel or git+https install has no configs/ folder beside it)
+spec = importlib.util.spec_from_file_location('c', os.path.join(os.path.dirname(jaxdecouple.__file__), 'configs',
+                                                                'resist_preact101_c10_s2.py'))
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 from jaxdecouple.methods import validate

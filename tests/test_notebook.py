@@ -42,3 +42,17 @@ def test_notebook_executes_top_to_bottom(tmp_path, monkeypatch):
             if 'image/png' in o.get('data', {})]
   assert images, 'the learning curves were not drawn'
   assert (work / 'workdirs' / 'notebook' / 'fdg' / 'metrics.jsonl').exists()
+
+
+def test_the_package_ships_every_subpackage_and_the_configs():
+  """pyproject.toml lists the packages (so that configs/ ships as jaxdecouple.configs, which the notebook reads in
+  an installed copy): the list holds every package setuptools finds under jaxdecouple, and the configs."""
+  import setuptools
+  import tomllib
+  with open(os.path.join(ROOT, 'pyproject.toml'), 'rb') as f:
+    tool = tomllib.load(f)['tool']['setuptools']
+  found = setuptools.find_packages(ROOT, include=['jaxdecouple*'])
+  assert sorted(tool['packages']) == sorted([*found, 'jaxdecouple.configs'])
+  assert tool['package-dir'] == {'jaxdecouple.configs': 'configs'}
+  assert os.path.exists(os.path.join(ROOT, 'configs', '__init__.py'))
+  assert os.path.exists(os.path.join(ROOT, 'configs', 'quickstart.py'))  # what the notebook loads
