@@ -65,12 +65,16 @@ class Claim:
   baseline: str = 'BP'
   reference: float | None = None
   factor: float = 1.0
+  baseline_row: str | None = None  # one row: the baseline's runs come from this row (the same method in another
+  #                                  setting, e.g. ResIST at L = 200 against ResIST at L = 50), paired by seed
 
   def __post_init__(self):
     if (len(self.rows) == 1) != (self.limit is not None):
       raise ValueError(f'claim {self.text!r}: one row needs a limit, several rows compare gaps, not a limit')
     if self.reference is not None and len(self.rows) != 1:
       raise ValueError(f'claim {self.text!r}: a reference figure is checked in one row, with a limit')
+    if self.baseline_row is not None and (len(self.rows) != 1 or self.reference is not None):
+      raise ValueError(f'claim {self.text!r}: a baseline row is compared with one row, by a limit')
     if self.factor != 1.0 and (len(self.rows) < 2 or not 0 < self.factor < 1):
       raise ValueError(f'claim {self.text!r}: a factor in (0, 1) compares the gaps of several rows')
 

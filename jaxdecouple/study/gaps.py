@@ -30,10 +30,13 @@ def _errors_by_seed(study: Study, workdir: str, row: str, column: str) -> dict[i
           if (e := final_error(workdir, r)) is not None}
 
 
-def gap(study: Study, workdir: str, row: str, column: str, baseline: str) -> tuple[float, int] | None:
-  """The column's test error minus the baseline's in a row, in points: the median over the seeds both
-  finished of the per-seed difference (paired, so a seed's easy or hard draw cancels), and that count."""
-  ours, base = (_errors_by_seed(study, workdir, row, c) for c in (column, baseline))
+def gap(study: Study, workdir: str, row: str, column: str, baseline: str,
+        baseline_row: str | None = None) -> tuple[float, int] | None:
+  """The column's test error minus the baseline's in a row (or the baseline's in ``baseline_row``), in points:
+  the median over the seeds both finished of the per-seed difference (paired, so a seed's easy or hard draw
+  cancels), and that count."""
+  ours = _errors_by_seed(study, workdir, row, column)
+  base = _errors_by_seed(study, workdir, baseline_row or row, baseline)
   seeds = sorted(ours.keys() & base.keys())
   if not seeds:
     return None
@@ -73,7 +76,7 @@ def check(study: Study, workdir: str, claim: Claim) -> str:
     return (f'- {claim.text}: **{verdict}** ({row}: {error_cell(errors)}, '
             f'{median - claim.reference:+.2f} from {claim.reference:.2f})'
             + _provisional(study, [(row, claim.column, len(errors))]))
-  gaps = [(row, gap(study, workdir, row, claim.column, claim.baseline)) for row in claim.rows]
+  gaps = [(row, gap(study, workdir, row, claim.column, claim.baseline, claim.baseline_row)) for row in claim.rows]
   shown = '; '.join(f'{row}: {_gap_text(g)}' for row, g in gaps)
   if any(g is None for _, g in gaps):
     return f'- {claim.text}: waiting for runs ({shown})'
