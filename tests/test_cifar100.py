@@ -90,3 +90,17 @@ def test_holdout_evaluates_a_fixed_part_of_the_training_set(cifar100_npz, workdi
   evaluate = Evaluator(result.method.predict_fn(), result.method.setup.preprocess, 64, result.method.setup.devices[0])
   assert evaluate(result.variables, split.x_test, split.y_test) == pytest.approx(
       {k: v for k, v in result.last_eval.items() if k in ('test_loss', 'test_accuracy')}, rel=1e-5)
+
+
+@pytest.mark.parametrize('overrides,words', [
+    ({'data.holdout': 1.0}, 'must be in [0, 1)'),
+    ({'data.holdout': -0.1}, 'must be in [0, 1)'),
+    ({'data.holdout': 0.1, 'dataset': 'imagenet', 'model': 'imagenet_resnet18', 'data.source': 'folder',
+      'data.path': '/nowhere'}, 'imagenet is streamed: leave it at 0'),
+])
+def test_a_bad_holdout_is_one_line_naming_the_field(overrides, words):
+  from jaxdecouple.errors import ConfigError
+  from jaxdecouple.methods import validate
+  with pytest.raises(ConfigError) as e:
+    validate(tiny_config(**overrides))
+  assert str(e.value).startswith('config.data.holdout:') and words in str(e.value) and '\n' not in str(e.value)

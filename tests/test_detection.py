@@ -248,3 +248,17 @@ def test_the_detection_study_reports_the_best_test_loss_beside_the_papers_and_th
   table = '\n'.join(detection_table(study, str(tmp_path)))
   assert '| yolo_postact_tiny, S=2 | 3.000, n=1 | 6.15 | 30.00 | 4.000, n=1 | 5.99 | 30.00 |' in table
   assert '6.22' in table and '6.69' in table
+
+
+def test_voc_prepared_as_tfrecord_says_so_in_one_line(monkeypatch):
+  """tensorflow-datasets' voc prepared in its default tfrecord format cannot be read without TensorFlow: one line
+  that says how to prepare it (a stand-in builder, as the ImageNet test does)."""
+  import types
+  from jaxdecouple.data import voc
+  from jaxdecouple.errors import DataError
+  builder = types.SimpleNamespace(is_prepared=lambda: True, info=types.SimpleNamespace(file_format='tfrecord'))
+  tfds = types.SimpleNamespace(builder=lambda name, data_dir=None: builder)
+  with pytest.raises(DataError) as e:
+    voc._tfds_split(tfds, '', [('2007', 'test')], 64, MAX_BOXES, False)
+  assert 'tfds:voc/2007 is prepared as tfrecord files, which only TensorFlow reads' in str(e.value)
+  assert 'file_format=array_record' in str(e.value) and '\n' not in str(e.value)
