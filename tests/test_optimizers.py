@@ -74,10 +74,14 @@ def test_each_optimizer_under_fdg_matches_the_optax_reference(name, workdir, cap
       assert_trees_close(result.variables, reference_fdg(config, 5, tx=optax_alias(name, config.optim)), tol=5e-4)
 
 
-@pytest.mark.parametrize('name,extra', [('adamw', {}), ('muon', {}),
-                                        ('adamw', {'optim.nesterov': True, 'optim.momentum_decay': 0.004})])
+@pytest.mark.parametrize('name,extra', [('adamw', {}), ('muon', {}), ('lamb', {}), ('lars', {}),
+                                        ('adamw', {'optim.nesterov': True, 'optim.momentum_decay': 0.004}),
+                                        # a corrector's state: DC's parameters of the forward, prediction's last step
+                                        ('sgd', {'pipeline.corrector': 'dc'}), ('adamw', {'pipeline.corrector': 'predict'})])
 def test_optimizer_state_resumes_exactly(name, extra, workdir, tmp_path):
-  kw = {'optim.name': name, 'optim.learning_rate': LR[name], 'checkpoint_every_steps': 3, **extra}
+  """Stopped at step 3 (FDG K = 2: stage 0's gradients of steps 2 and 3 still in flight) and resumed to step 8,
+  every optimizer's state, and a corrector's, equals that of the 8 uninterrupted steps."""
+  kw = {'optim.name': name, 'optim.learning_rate': LR.get(name, 0.05), 'checkpoint_every_steps': 3, **extra}
   train_and_evaluate(fdg_config(2, steps=3, **kw), workdir)
   resumed = train_and_evaluate(fdg_config(2, steps=8, **kw), workdir)
   whole = train_and_evaluate(fdg_config(2, steps=8, **kw), str(tmp_path / 'whole'))
