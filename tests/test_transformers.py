@@ -314,7 +314,10 @@ def test_cpu_gpt_async_gives_the_data_path_to_its_image_runs_only():
   configs = [r.config('cifar10.npz') for r in study.runs]
   assert {c.data.path for c in configs if c.dataset == 'fortunes'} == {''}
   assert {c.data.path for c in configs if c.dataset == 'cifar10'} == {'cifar10.npz'}
-  # 3 seeds of 7 GPT columns and 3 ViT cells; one seed of optax's NAdamW (GPT) and of PyTorch's NAdam (two ViT rows)
-  assert len(study.runs) == 3 * (7 + 3) + 1 + 2 and {c.model for c in configs} == {'gpt_small', 'vit6_d64_p4'}
+  # 3 seeds of 7 GPT columns and 3 ViT cells; one seed of optax's NAdamW (GPT), of PyTorch's NAdam (two ViT rows)
+  # and of PyTorch's NAdam at lr 3e-4 (GPT)
+  assert len(study.runs) == 3 * (7 + 3) + 1 + 2 + 1 and {c.model for c in configs} == {'gpt_small', 'vit6_d64_p4'}
   torch_nadam = [c for r, c in zip(study.runs, configs) if r.column == 'FDG NAdam b1 0.99 (PyTorch)']
   assert len(torch_nadam) == 5 and all(c.optim.momentum_decay == 0.004 and c.optim.b1 == 0.99 for c in torch_nadam)
+  slow, = [c for r, c in zip(study.runs, configs) if r.column.endswith('lr 3e-4')]
+  assert slow.optim.learning_rate == 3e-4 and slow.optim.momentum_decay == 0.004 and study.runs[-1].column.endswith('3e-4')
