@@ -667,3 +667,26 @@ def test_a_finished_runs_state_is_released_before_the_next_run_starts(tmp_path, 
   study = study_lib.Study('t', 'T', 'd', 'r', study.runs[:2])  # BP, then FDG
   assert study_lib.run_study(study, str(tmp_path / 'study'), log=lambda _: None, console=False)['ran'] == 2
   assert alive_at_start == [0, 0] and len(made) == 2
+
+
+def test_the_budget_table_matches_each_column_to_its_rounds_bytes(tmp_path):
+  """Figure 8's table: each column's settings (bits, fraction kept) find the benchmark's record of a round with
+  them on the same network and S; the bytes set against the float32 round; a column without a record is left
+  out. Made-up records and errors."""
+  from jaxdecouple.study.budget import budget_table
+  study = study_lib.STUDIES['cpu_cifar10_resist_compressed']()
+  workdir = str(tmp_path)
+  record = lambda moved, **wire: json.dumps({'model': 'preact_tiny_s3_9', 'workers': 4, 'method': 'resist',
+                                             'moved_mb': moved, 'collective_received_mb': 2 * moved, **wire})
+  with open(tmp_path / study.budget, 'w') as f:
+    f.write('\n'.join([record(0.4), record(0.1, quantize_bits=8), record(0.3, quantize_bits=8, sparsify=0.25)]) + '\n')
+  for run in study.runs:
+    if run.column == 'ResIST 8-bit':
+      os.makedirs(study_lib.run_dir(workdir, run))
+      with open(os.path.join(study_lib.run_dir(workdir, run), 'finished.json'), 'w') as f:
+        json.dump({'test_accuracy': 0.75}, f)
+  lines = budget_table(study, workdir)
+  assert '| preact_tiny_s3_9, S=4 | ResIST | 0.400 | 1.00 | 0.800 | - |' in lines
+  assert '| preact_tiny_s3_9, S=4 | ResIST 8-bit | 0.100 | 0.25 | 0.200 | 25.00, n=1 |' in lines
+  assert not any('6-bit' in line for line in lines)  # no record of 6 bits
+  assert budget_table(study_lib.STUDIES['cpu_cifar10_resist_compressed'](), str(tmp_path / 'none')) == []

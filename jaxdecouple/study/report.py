@@ -12,6 +12,7 @@ import re
 import statistics
 
 from jaxdecouple.study.core import READING, Study, diverged, finished_record, is_finished
+from jaxdecouple.study.budget import budget_table
 from jaxdecouple.study.curves import (best_accuracy_table, detection_seconds_table, detection_table, levelling_table,
                                      time_to_target_table, train_error_table)
 from jaxdecouple.study.figures import figure_lines
@@ -100,7 +101,7 @@ def report(study: Study, workdir: str, results_path: str, figures_dir: str, comm
   if study.best_accuracy and done:
     lines += best_accuracy_table(study, workdir)
   lines += other_accuracies_tables(study, workdir) + bits_per_byte_table(study, workdir) + detection_table(study, workdir)
-  lines += detection_seconds_table(study, workdir)
+  lines += detection_seconds_table(study, workdir) + budget_table(study, workdir)
   if done:
     lines += levelling_table(study, workdir) + (train_error_table(study, workdir) if study.train_error else []) \
         + time_to_target_table(study, workdir)

@@ -7,7 +7,7 @@ from jaxdecouple.papers import RESIST, RESIST_QUANTIZED, RESIST_SPARSE_CIFAR100
 from jaxdecouple.config import set_fields
 from jaxdecouple.study.core import SEEDS, Claim, Run, Study
 from jaxdecouple.study.definitions import cpu_cifar10_resist as main
-from jaxdecouple.study.definitions.common import CIFAR10_DATA, CIFAR10_FILE
+from jaxdecouple.study.definitions.common import BUDGET, CIFAR10_DATA, CIFAR10_FILE
 
 WORKERS = 4
 SETTINGS = (('8-bit', {'replica.quantize_bits': 8}), ('6-bit', {'replica.quantize_bits': 6}),
@@ -38,7 +38,7 @@ def study() -> Study:
       'ResNet-101 after 160 epochs: compare the drop from uncompressed, not errors. Table 9 has no sparsified '
       f'column; A.5 gives one figure, on CIFAR-100: {RESIST_SPARSE_CIFAR100:.2f}% accuracy with 25% kept against '
       f'{RESIST["cifar100", WORKERS]["ResIST"]:.2f}% uncompressed',
-      tuple(runs), paper, needs=CIFAR10_FILE, best_accuracy=True, baselines=('ResIST',),
+      tuple(runs), paper, needs=CIFAR10_FILE, best_accuracy=True, budget=BUDGET, baselines=('ResIST',),
       column_order=('ResIST', *(f'ResIST {name}' for name, _ in SETTINGS)), claims=(
           Claim('6-bit ResIST within 0.5 points of uncompressed ResIST (the paper: '
                 f'{RESIST["cifar10", WORKERS]["ResIST"] - RESIST_QUANTIZED["cifar10"][6]:+.2f})',

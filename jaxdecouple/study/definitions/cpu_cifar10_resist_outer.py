@@ -21,7 +21,7 @@ from jaxdecouple.config import set_fields
 from jaxdecouple.study.core import FINISHED_NEEDS, SEEDS, Claim, Run, Study, read_record
 from jaxdecouple.study.definitions import cpu_cifar10_resist as main
 from jaxdecouple.study.definitions import cpu_cifar10_resist_why as why
-from jaxdecouple.study.definitions.common import CIFAR10_DATA, CIFAR10_FILE
+from jaxdecouple.study.definitions.common import BUDGET, CIFAR10_DATA, CIFAR10_FILE
 
 TUNE = ((0.7, 0.9), (1.0, 0.5), (0.4, 0.9))  # (outer lr, outer momentum): DiLoCo's, a mild one, a slow one
 COMPRESSED = (('8-bit updates', {'replica.quantize_bits': 8}), ('4-bit updates', {'replica.quantize_bits': 4}),
@@ -84,7 +84,7 @@ def study() -> Study:
       f'set; settings (lr, momentum) {", ".join(f"{a:g}/{b:g}" for a, b in TUNE)}); "updates": the shared '
       "layers' change compressed with error feedback through the A.5 codec (blocks travel whole), plain "
       'averaging. Plain local SGD and ResIST are the committed runs of cpu_cifar10_resist and _why',
-      tuple(runs), needs=CIFAR10_FILE, best_accuracy=True, train_error=True, baselines=('local SGD',),
+      tuple(runs), needs=CIFAR10_FILE, best_accuracy=True, budget=BUDGET, train_error=True, baselines=('local SGD',),
       claims=(
           Claim('ResIST + outer within 1.0 point of local SGD + outer at S=2, 16 epochs (plain: +2.70)',
                 'ResIST + outer', (s2,), 1.0, baseline='local SGD + outer'),
