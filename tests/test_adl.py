@@ -15,7 +15,7 @@ def adl_config(k, m, mode='B', steps=12, **kw):
                         'pipeline.beta': 0.5, 'optim.learning_rate': 0.005, **kw})
 
 
-def reference_adl(config, steps, mode=None):
+def reference_adl(config, steps, mode=None, predict=None):
   """ADL written from the SPEC, one stage at a time, with explicit histories and counters.
 
   The schedule is FDG's: at iteration t stage k < K-1 back-propagates micro-batch t-2K+2+k (through
@@ -24,7 +24,8 @@ def reference_adl(config, steps, mode=None):
   adds each parameter gradient to its accumulator and counts them from its first; when the count
   since its last step reaches M it takes one SGD step with the sum at the learning rate of that
   iteration (the last stage only once stage K-2 has been sent a gradient). Mode B: the step comes
-  before the forward of the new micro-batch; mode A: after it.
+  before the forward of the new micro-batch; mode A: after it. ``predict`` ({stage: s}): weight prediction, the
+  forward (and the backward through it) at W + s * Δ, Δ the stage's last step.
   """
   K, beta, M = config.pipeline.num_stages, config.pipeline.beta, config.pipeline.accumulation
   mode = mode or config.pipeline.adl_mode
@@ -32,12 +33,15 @@ def reference_adl(config, steps, mode=None):
   inputs, met, deltas = [{} for _ in range(K)], [{} for _ in range(K)], [{} for _ in range(K)]
   labels, acc, count = {}, [None] * K, [0] * K
   sent_to_second_last = False
+  last_step = [jax.tree.map(jnp.zeros_like, p) for p in ref.params]
 
   def accumulate(k, grads, lr, may_step=True):
     acc[k] = grads if acc[k] is None else jax.tree.map(jnp.add, acc[k], grads)
     count[k] += 1
     if count[k] >= M and may_step:
+      before = ref.params[k]
       ref.sgd(k, acc[k], lr)
+      last_step[k] = jax.tree.map(jnp.subtract, ref.params[k], before)
       acc[k], count[k] = None, 0
 
   for t in range(steps):
@@ -46,8 +50,9 @@ def reference_adl(config, steps, mode=None):
     for k in range(K - 1):
       def forward():
         if t - k >= 0:
-          met[k][t - k] = ref.params[k]
-          inputs[k + 1][t - k], ref.stats[k] = ref.run(k, ref.params[k], inputs[k][t - k], ref.stats[k])
+          s = (predict or {}).get(k, 0.0)
+          met[k][t - k] = jax.tree.map(lambda w, d: w + s * d, ref.params[k], last_step[k])
+          inputs[k + 1][t - k], ref.stats[k] = ref.run(k, met[k][t - k], inputs[k][t - k], ref.stats[k])
       if mode == 'A':
         forward()
       m = t - 2 * K + 2 + k
@@ -136,3 +141,16 @@ def test_logs_staleness_in_updates(workdir):
 def test_bad_accumulation_settings_are_refused(overrides, field, workdir):
   with pytest.raises(ConfigError, match=field.replace('.', r'\.')):
     train_and_evaluate(tiny_config(**overrides), workdir)
+
+
+def test_adl_with_weight_prediction_matches_its_definition(workdir):
+  """ADL's accumulation makes a stage's staleness a fraction: K = 2, M = 2, mode B, stage 0 forwards micro-batch m
+  at iteration m after any step there, its gradient arrives at m + 2, and it steps at iterations 3, 5, 7, ...
+  (every second backward from its first, at 2): m even enters the step at m + 3 with the step at m + 1 between,
+  m odd the step at m + 2 with none between, so s = (1 + 0) / 2 = 0.5 steps. The run equals the reference
+  extrapolating over 0.5 steps, and not over 1.5."""
+  config = adl_config(2, 2, 'B', **{'pipeline.corrector': 'predict'})
+  result = train_and_evaluate(config, workdir)
+  assert_trees_close(result.variables, reference_adl(config, 12, predict={0: 0.5}), tol=5e-4)
+  with pytest.raises(AssertionError):
+    assert_trees_close(result.variables, reference_adl(config, 12, predict={0: 1.5}), tol=5e-4)

@@ -13,22 +13,28 @@ def locked_config(method, k, steps=12, **kw):
                      **{'pipeline.num_stages': k, 'optim.learning_rate': 0.005, **kw})
 
 
-def reference_forward_locked(config, steps, replay):
+def reference_forward_locked(config, steps, replay, predict_offset=None):
   """Iteration t: micro-batch t through every stage in order with the parameters each has at the
   start of t; the last stage takes its SGD step on it. Then stage k < K-1 back-propagates the gradient
   of micro-batch m = t-(K-1-k) (sent by stage k+1 at iteration t-1): DDG through the forward of m as it
   was (stored input, stored parameters); FR through a replay of the stored input with the current
   parameters, which updates BatchNorm's running statistics again. Then it updates.
+
+  ``predict_offset`` (DDG with weight prediction): stage k's forward runs at W + s * Δ, its last step Δ
+  extrapolated over its staleness s = K-1-k updates (those of iterations m .. m+K-2-k, between the forward of
+  m and the update with its gradient), plus the offset (a wrong reference with 1).
   """
   K = config.pipeline.num_stages
   ref = SequentialStages(config)
   inputs, met, deltas = [{} for _ in range(K)], [{} for _ in range(K)], [{} for _ in range(K)]
+  last_step = [jax.tree.map(jax.numpy.zeros_like, p) for p in ref.params]
   for t in range(steps):
     lr = ref.lr(t)
     inputs[0][t], labels = ref.batch(t)
     for k in range(K - 1):
-      met[k][t] = ref.params[k]
-      inputs[k + 1][t], ref.stats[k] = ref.run(k, ref.params[k], inputs[k][t], ref.stats[k])
+      met[k][t] = ref.params[k] if predict_offset is None else jax.tree.map(
+          lambda w, d: w + (K - 1 - k + predict_offset) * d, ref.params[k], last_step[k])
+      inputs[k + 1][t], ref.stats[k] = ref.run(k, met[k][t], inputs[k][t], ref.stats[k])
 
     def loss(p, x):
       logits, new = ref.run(K - 1, p, x, ref.stats[K - 1])
@@ -48,10 +54,22 @@ def reference_forward_locked(config, steps, replay):
       else:
         _, vjp = jax.vjp(lambda p, x: ref.run(k, p, x, ref.stats[k])[0], met[k][m], inputs[k][m])
       gp, gx = vjp(config.pipeline.beta * deltas[k][m])
+      before = ref.params[k]
       ref.sgd(k, gp, lr)
+      last_step[k] = jax.tree.map(jax.numpy.subtract, ref.params[k], before)
       if k > 0:
         deltas[k - 1][m] = gx
   return ref.variables()
+
+
+def test_ddg_with_weight_prediction_matches_its_definition(workdir):
+  """DDG's staleness differs from FDG's (K-1-k updates, not 2(K-1-k)-1): the corrector takes it from the
+  Schedule, and the run equals the reference that extrapolates over K-1-k; over one update more it does not."""
+  config = locked_config('ddg', 3, **{'pipeline.corrector': 'predict'})
+  result = train_and_evaluate(config, workdir)
+  assert_trees_close(result.variables, reference_forward_locked(config, 12, False, predict_offset=0), tol=5e-4)
+  with pytest.raises(AssertionError):
+    assert_trees_close(result.variables, reference_forward_locked(config, 12, False, predict_offset=1), tol=5e-4)
 
 
 @pytest.mark.parametrize('method,k', [('ddg', 2), ('ddg', 3), ('fr', 2), ('fr', 3)])
