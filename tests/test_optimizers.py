@@ -62,10 +62,12 @@ def test_each_optimizer_under_fdg_matches_the_optax_reference(name, workdir, cap
   eager reference round differently, and differently on AMD EPYC than on Intel Xeon) moved one element of a
   kernel 2 lr apart: 5.6e-3 of its scale on an EPYC host from the first step on, past any honest tolerance."""
   config = fdg_config(2, steps=5, **{'optim.name': name, 'optim.learning_rate': LR[name],
-                                     'pipeline.beta': 0.5, 'optim.eps': 1e-3})
+                                     'pipeline.beta': 0.5, 'optim.eps': 1e-3, 'pipeline.diagnose_every_steps': 2})
   result = train_and_evaluate(config, workdir)
   reference = reference_fdg(config, 5, tx=optax_alias(name, config.optim))
-  assert_trees_close(result.variables, reference, tol=5e-4)
+  assert_trees_close(result.variables, reference, tol=5e-4)  # the staleness diagnostics, on, change nothing
+  from test_correctors import assert_diagnostics_finite
+  assert_diagnostics_finite(workdir)  # and read every optimizer's stages
   # each of them divides beta's factor out again, and the run's start-up log says so
   assert any('pipeline.beta=0.5 multiplies' in r.getMessage() for r in caplog.records if r.levelname == 'WARNING')
   if name == 'adamw':  # sharp: the same reference with ten times the weight decay is far (2.0e-3 of the scale)
