@@ -138,11 +138,12 @@ def _reference(method, config, steps):
 
 @pytest.mark.parametrize('method,extra', [
     ('bp', {}), ('fdg', {'pipeline.beta': 0.5}), ('adl', {'pipeline.accumulation': 2, 'pipeline.beta': 0.5}),
-    ('ddg', {}), ('fr', {}), ('dgl', {}), ('zb_h1', {'pipeline.micro_batches': 2})])
+    ('ddg', {}), ('fr', {}), ('dgl', {}), ('zb_h1', {'pipeline.micro_batches': 2}),
+    ('1f1b', {'pipeline.micro_batches': 2})])
 def test_every_pipeline_method_and_bp_match_their_references_on_a_gpt(method, extra, workdir, request):
   """K = 2, 4 steps; tolerance as the methods' own tests (5e-4 of each leaf's scale), whose sharpness they check
-  (FDG's here too: the reference with beta 1 is far). ZB-H1 stands for the synchronous schedules (their driver
-  is one; test_sync_pipeline checks each schedule's order)."""
+  (FDG's here too: the reference with beta 1 is far). ZB-H1 and 1F1B (the study's synchronous pipeline) stand for
+  the synchronous schedules (their driver is one; test_sync_pipeline checks each schedule's order)."""
   config = text_config(method, steps=4, **{'pipeline.num_stages': 2, **extra})
   result = request.getfixturevalue('gpt_bp') if method == 'bp' else train_and_evaluate(config, workdir)
   assert result.step == 4
@@ -151,6 +152,29 @@ def test_every_pipeline_method_and_bp_match_their_references_on_a_gpt(method, ex
     with pytest.raises(AssertionError):
       other = text_config(method, steps=4, **{'pipeline.num_stages': 2, 'pipeline.beta': 1.0})
       assert_trees_close(result.variables['params'], _reference(method, other, 4)['params'], tol=5e-4)
+
+
+def test_local_sgd_on_a_gpt_matches_the_sequential_reference(workdir):
+  """S = 2 workers, two rounds of L = 2, every block on every worker (test_resist's reference, unpartitioned)."""
+  from test_resist import reference_replica, stored_part, worker_variables
+  config = text_config('localsgd', 'gpt4_d32_t16', steps=4, **{'replica.num_workers': 2, 'replica.local_steps': 2})
+  result = train_and_evaluate(config, workdir)
+  reference = reference_replica(config, 4, partition=False)
+  for w in range(2):
+    mine = worker_variables(result, w)
+    assert_trees_close(mine['params'], stored_part(reference[w], mine)['params'], tol=1e-3)
+
+
+def test_a_gpt_pipeline_resumes_exactly(workdir, tmp_path):
+  """FDG K = 2 on a GPT stopped after step 3 (stage 0's gradients of steps 2 and 3 in flight, its FLOP-balanced
+  split recomputed at the restart) and resumed to step 6: the state of 6 uninterrupted steps, bit for bit."""
+  from conftest import assert_trees_equal
+  kw = {'pipeline.num_stages': 2, 'pipeline.beta': 0.5, 'checkpoint_every_steps': 3}
+  train_and_evaluate(text_config('fdg', steps=3, **kw), workdir)
+  resumed = train_and_evaluate(text_config('fdg', steps=6, **kw), workdir)
+  whole = train_and_evaluate(text_config('fdg', steps=6, **kw), str(tmp_path / 'whole'))
+  assert resumed.step == 6
+  assert_trees_equal(resumed.state, whole.state)
 
 
 def test_data_parallel_equals_bp_on_a_gpt(workdir, gpt_bp):
