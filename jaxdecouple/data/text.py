@@ -15,6 +15,7 @@ nats per byte gives the bits per byte (``test_bits_per_byte``, loss / ln 2).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 
 import numpy as np
@@ -97,4 +98,7 @@ def load_text(data_config, name: str) -> tuple[tuple[np.ndarray, ...], str]:
     corpus = read_corpus(path)
   except OSError as e:
     raise DataError(f'data.path={path} cannot be read ({type(e).__name__}: {e})') from e
-  return split(corpus, length, f'data.path={path}'), path
+  # the corpus named by its size and digest in the run's log: another release of the package splits differently
+  digest = hashlib.sha256(corpus).hexdigest()[:12]
+  return split(corpus, length, f'data.path={path}'), f"{path} ({len(corpus):,} bytes, sha256 {digest})"
+
