@@ -8,7 +8,8 @@
 
 A round is L local iterations and the repartition (the engine's own ``step``, as training runs it). For
 each S and method, after one untimed round (compilation): the median over --rounds of the local step's
-seconds, the repartition's seconds and the round's; the bytes each device sent and received across
+seconds, the repartition's seconds (the exchange, timed by the engine from the last local step's end:
+``replica.worker_speeds``' round timing) and the round's; the bytes each device sent and received across
 devices (partitioned blocks, counted from the arrays handed to ``jax.device_put``) and put into the shared
 layers' collective; and the bytes resident on each device (parameters, BatchNorm statistics, momentum:
 summed from the arrays' addressable shards). Workers sit one to a device (S <= --cpu_devices).
@@ -108,18 +109,19 @@ def rounds(args):
     for method in ('resist', 'localsgd'):
       m, state, batch_of = build(method, args.model, args.dataset, args.batch, workers, args.local_steps, args)
       engine, L = m.engine, args.local_steps
+      engine.speeds = (1.0,) * workers  # the engine then times each round's exchange itself (replica/stragglers.py)
       batches = [batch_of(t) for t in range(L)]
       local, repartition, total = [], [], []
       for r in range(args.rounds + 1):
         times = []
         for t in range(L):
           start = time.perf_counter()
-          state, _ = m.step(state, batches[t], r * L + t)
+          state, metrics = m.step(state, batches[t], r * L + t)
           jax.block_until_ready(state)
           times.append(time.perf_counter() - start)
         if r:  # round 0 compiles
           local.append(statistics.median(times[:-1]) if L > 1 else float('nan'))
-          repartition.append(times[-1] - local[-1])
+          repartition.append(metrics['round_exchange_s'])  # from the last local step's end to the exchange's
           total.append(sum(times))
       traffic = engine.last_traffic
       held = list(engine.resident_bytes(state).values())

@@ -264,7 +264,7 @@ class Replica:
     model = round_model([local_s] * self.spec.num_workers, self.speeds, exchange_s)
     times = {'round_s': end - start, 'round_local_s': local_s, 'round_exchange_s': exchange_s,
              'round_s_stragglers': model['round_s'], 'stragglers_idle_fraction': model['idle_fraction']}
-    if self._rounds_timed == 1 and jax.process_index() == 0:  # the second round: past compiling
+    if self._rounds_timed == 1 and jax.process_index() == 0 and set(self.speeds) != {1.0}:  # past compiling
       logging.info('stragglers (simulated, worker speeds %s): a round measured %.3f s (local steps %.3f s, exchange '
                    '%.3f s); waiting for its slowest worker it would take %.3f s, the workers idle %.0f%% of their '
                    'time (a model: replica/stragglers.py); logged each round as round_s, round_s_stragglers',
