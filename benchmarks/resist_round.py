@@ -213,14 +213,8 @@ def round_memory(args):
 
 
 def wire(args) -> dict:
-  out = {k: getattr(args, k) for k in ('quantize_bits', 'sparsify') if getattr(args, k)}
-  if args.compress != 'weights':
-    out['compress'] = args.compress
-    if args.update_exchange != 'all_gather':
-      out['update_exchange'] = args.update_exchange
-  if args.outer_lr != 1 or args.outer_momentum:
-    out['outer'] = [args.outer_lr, args.outer_momentum]
-  return out
+  from jaxdecouple.replica.traffic import wire_settings  # the arguments carry the replica fields' names
+  return wire_settings(args)
 
 
 def wire_text(args) -> str:

@@ -30,3 +30,17 @@ class Traffic(NamedTuple):
       return 0.0
     ring = self.all_reduce - self.all_gather - self.all_to_all
     return 2 * (d - 1) / d * ring + (d - 1) * self.all_gather + self.all_to_all
+
+
+def wire_settings(section) -> dict:
+  """What changes a round's bytes, by the replica fields' names (``config.replica``, or anything with the same
+  attributes, as resist_round.py's arguments), defaults left out: how its records name a setting, and how a
+  study's report finds the record of a column's setting (study/budget.py)."""
+  out = {k: getattr(section, k) for k in ('quantize_bits', 'sparsify') if getattr(section, k)}
+  if section.compress != 'weights':
+    out['compress'] = section.compress
+    if section.update_exchange != 'all_gather':
+      out['update_exchange'] = section.update_exchange
+  if section.outer_lr != 1 or section.outer_momentum:
+    out['outer'] = [section.outer_lr, section.outer_momentum]
+  return out

@@ -13,24 +13,9 @@ import json
 import os
 import statistics
 
+from jaxdecouple.replica.traffic import wire_settings
 from jaxdecouple.study.core import Study, run_dir
 from jaxdecouple.study.gaps import final_error
-
-
-def wire_settings(config) -> dict:
-  """What changes a round's bytes, as resist_round.py's records name it (defaults left out)."""
-  r, out = config.replica, {}
-  if r.quantize_bits:
-    out['quantize_bits'] = r.quantize_bits
-  if r.sparsify:
-    out['sparsify'] = r.sparsify
-  if r.compress != 'weights':
-    out['compress'] = r.compress
-    if r.update_exchange != 'all_gather':
-      out['update_exchange'] = r.update_exchange
-  if r.outer_lr != 1 or r.outer_momentum:
-    out['outer'] = [r.outer_lr, r.outer_momentum]
-  return out
 
 
 def _key(model: str, workers: int, method: str, wire: dict) -> str:
@@ -84,7 +69,7 @@ def budget_table(study: Study, workdir: str) -> list[str]:
       c = _config(workdir, runs)
       if c is None:  # settings chosen from other runs' results, not yet chosen
         continue
-      record = records.get(_key(c.model, c.replica.num_workers, c.method, wire_settings(c)))
+      record = records.get(_key(c.model, c.replica.num_workers, c.method, wire_settings(c.replica)))
       plain = records.get(_key(c.model, c.replica.num_workers, c.method, {}))
       if record is None:
         continue
