@@ -127,6 +127,14 @@ def test_logs_the_split_devices_and_delays(workdir):
   # then the schedule as a table: stage 0 back-propagates micro-batch 0 at iteration 4 and updates
   table = [line.split() for line in lines if line.strip().startswith('stage 0 F0')]
   assert table and table[0][2:7] == ['F0', 'F1', 'F2', 'F3', 'F4B0*']
+  # what each delayed stage keeps for its forwards in flight, counted from its state's arrays: stage 0 holds 4
+  # slots (its delay) of residuals, stage 1 holds 2, the last none
+  for k, slots in ((0, 4), (1, 2)):
+    st = result.state.stages[k]
+    assert len(st.ring) == slots
+    kept = sum(x.nbytes for x in jax.tree.leaves(st.ring)) / 1e6
+    assert f'keeps {kept:.1f} MB for the {slots} forwards in flight (vjp: their residuals)' in lines[1 + k]
+  assert 'forwards in flight' not in lines[3]
 
 
 def test_profile_records_stage_times_and_traffic(workdir):

@@ -33,6 +33,8 @@ def describe(pipeline: Pipeline, state: PipelineState) -> list[str]:
         f'({100 * costs[k] / total:.0f}%), delay {s.delay(k)}, staleness {s.staleness(k):.2f} updates, '
         f'first update at iteration {s.first_update(k)}'
         + (f', sends {pipeline.message_bytes[k] / 1e6:.2f} MB/step to stage {k + 1}' if k < s.last else '')
+        + (f'; keeps {ring_bytes(st) / 1e6:.1f} MB for the {len(st.ring)} forwards in flight '
+           f'({pipeline.keep}: {"their residuals" if pipeline.keep == "vjp" else "their inputs"})' if st.ring else '')
         + (f'; auxiliary head {count_params(st.aux.params) / 1e6:.3f}M params' if st.aux else '')
         + (f'; corrector {stage.corrector.kind} (staleness {stage.corrector.staleness:g}) keeps '
            f'{corrector_bytes(st) / 1e6:.2f} MB, {stage.corrector.copies()} copies of its parameters'
@@ -45,6 +47,13 @@ def describe(pipeline: Pipeline, state: PipelineState) -> list[str]:
   lines.append('  schedule (F<m>: forward of micro-batch m, B<m>: its backward, *: optimizer step):')
   lines.extend('    ' + line for line in s.table(2 * s.num_stages + s.accumulation).splitlines())
   return lines
+
+
+def ring_bytes(st) -> int:
+  """Bytes a stage keeps for the micro-batches whose gradients it still awaits (the delay slots: with keep=vjp
+  each forward's residuals for its backward, with recompute or replay its input), counted from the arrays of
+  its state: the memory FDG's delay costs a stage, beside its parameters."""
+  return sum(x.nbytes for x in jax.tree.leaves(st.ring))
 
 
 def corrector_bytes(st) -> int:
