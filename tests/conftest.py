@@ -137,17 +137,47 @@ def timed_out(seconds: float, elapsed: float | None = None, what: str = '', log:
   pytest.fail(timed_out_message(seconds, elapsed, what) + (f'\n{log}' if log else ''), pytrace=False)
 
 
+def start_logged(argv, log: str, separate_stderr: bool = False, **popen):
+  """``subprocess.Popen`` with the output in files (``log``, and ``log + '.err'`` with ``separate_stderr``), never
+  in a pipe. Two processes of one run read one after the other through pipes deadlock when the one read second
+  writes more than a pipe holds (64 KiB) while the other waits for it in a collective: seen 2026-11-27, when
+  process 1's asyncio warnings about a damaged checkpoint's futures filled its pipe and process 0 waited 600 s in
+  the key-value store. ``communicate_within`` and ``logged_output`` read the files."""
+  import subprocess
+  out = open(log, 'w+', encoding='utf-8')
+  err = open(log + '.err', 'w+', encoding='utf-8') if separate_stderr else None
+  proc = subprocess.Popen(argv, stdout=out, stderr=err or subprocess.STDOUT, text=True, **popen)
+  proc.logs = (out, err)
+  return proc
+
+
+def logged_output(proc) -> tuple[str, str | None]:
+  """What a ``start_logged`` process wrote so far: (output, its stderr when kept apart, else None)."""
+  texts = []
+  for f in proc.logs:
+    if f is None:
+      texts.append(None)
+      continue
+    f.flush()
+    with open(f.name, encoding='utf-8', errors='replace') as again:
+      texts.append(again.read())
+  return texts[0], texts[1]
+
+
 def communicate_within(proc, seconds: float, what: str = ''):
-  """``proc.communicate()`` within the scaled limit; past it the process is killed and the test fails with
-  timed_out()'s line and the output so far."""
+  """``proc.communicate()`` within the scaled limit (a ``start_logged`` process: waited for, its files read);
+  past it the process is killed and the test fails with timed_out()'s line and the output so far."""
   import subprocess
   import time
   start = time.monotonic()
   try:
+    if hasattr(proc, 'logs'):
+      proc.wait(timeout=scaled_timeout(seconds))
+      return logged_output(proc)
     return proc.communicate(timeout=scaled_timeout(seconds))
   except subprocess.TimeoutExpired:
     proc.kill()
-    out = proc.communicate()[0]
+    out = logged_output(proc)[0] if hasattr(proc, 'logs') else proc.communicate()[0]
     timed_out(seconds, time.monotonic() - start, what, (out or '')[-3000:] if isinstance(out, str) else '')
 
 

@@ -28,6 +28,9 @@ def main(process_id: int, port: int, workdir: str, out: str, outer: bool = False
   config = replica_run_config(outer)
   config.distributed.coordinator = f'127.0.0.1:{port}'
   config.distributed.num_processes, config.distributed.process_id = 2, process_id
+  # a hang (seen once in a loaded suite, 2026-11-27: process 0 waited 744 s after the damaged step was found)
+  # stops both processes with a line naming where each main thread waits, well inside the test's limit
+  config.distributed.stall_timeout_s = 240.0
   result = train_and_evaluate(config, workdir)
   variables = result.variables  # the averaged network, this process's copy
   leaves = jax.tree_util.tree_flatten_with_path(variables)[0]

@@ -5,7 +5,6 @@ checkpoint's shards) plus the outer state, whose momentum travels with the block
 it is compared with is itself checked against the sequential reference (test_outer.py)."""
 import os
 import socket
-import subprocess
 import sys
 
 import jax
@@ -14,7 +13,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from conftest import FAST_COMPILE_XLA_FLAGS, communicate_within  # noqa: E402
+from conftest import FAST_COMPILE_XLA_FLAGS, communicate_within, logged_output, start_logged  # noqa: E402
 
 
 def free_port() -> int:
@@ -42,11 +41,16 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path, resist_oute
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': FAST_COMPILE_XLA_FLAGS,  # the three runs in each
          'JAX_COMPILATION_CACHE_DIR': str(tmp_path / 'xla'), 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
          'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0'}  # process compile the same programs: compiled once
-  procs = [subprocess.Popen([sys.executable, os.path.join(HERE, 'multiprocess_worker.py'), str(i), str(port),
-                             workdir, str(tmp_path / f'p{i}.npz'), 'outer'], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  procs = [start_logged([sys.executable, os.path.join(HERE, 'multiprocess_worker.py'), str(i), str(port),
+                         workdir, str(tmp_path / f'p{i}.npz'), 'outer'], str(tmp_path / f'p{i}.log'), env=env)
+           for i in range(2)]
   try:
     logs = [communicate_within(p, 300, f'waiting for process {i} to end')[0] for i, p in enumerate(procs)]
+  except BaseException as e:  # a process past its limit: every process's output, to see where each one was
+    for p in procs:
+      p.kill()
+    raise AssertionError(f'{e}\n' + '\n'.join(f'--- process {i}:\n{(logged_output(p)[0] or "")[-4000:]}'
+                                                for i, p in enumerate(procs))) from e
   finally:
     for p in procs:
       p.kill()

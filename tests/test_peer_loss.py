@@ -4,13 +4,12 @@ processes of one CPU device each (gloo collectives, the coordination service on 
 with main.py."""
 import os
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import FAST_COMPILE_XLA_FLAGS, communicate_within, scaled_timeout
+from conftest import FAST_COMPILE_XLA_FLAGS, communicate_within, logged_output, scaled_timeout, start_logged
 from test_multiprocess import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,8 +30,7 @@ def command(workdir, port, process_id, max_steps):
 def start(workdir, max_steps):
   port = free_port()
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': FAST_COMPILE_XLA_FLAGS}
-  return [subprocess.Popen(command(workdir, port, i, max_steps), env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  return [start_logged(command(workdir, port, i, max_steps), f'{workdir}.p{i}.log', env=env) for i in range(2)]
 
 
 def checkpoints(workdir):
@@ -56,7 +54,7 @@ def test_a_dead_or_hung_peer_stops_the_survivor_with_one_line_and_its_checkpoint
     deadline = time.monotonic() + scaled_timeout(120)
     while len(checkpoints(workdir)) < 2:  # two saved (a third may be under way when the peer dies)
       assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
-          'no checkpoints within the limit:\n' + (procs[0].communicate(timeout=5)[0] or '')[-2000:]
+          'no checkpoints within the limit:\n' + (logged_output(procs[0])[0] or '')[-2000:]
       time.sleep(0.5)
     procs[1].send_signal(sig)
     killed = time.monotonic()
@@ -65,7 +63,7 @@ def test_a_dead_or_hung_peer_stops_the_survivor_with_one_line_and_its_checkpoint
   finally:
     for p in procs:
       p.kill()
-      p.communicate()
+      p.wait()
   assert procs[0].returncode == 2, out[-3000:]
   last = [line for line in out.splitlines() if line.startswith('error:')]
   assert len(last) == 1 and last[0].startswith(words) and 'Traceback' not in out, out[-3000:]

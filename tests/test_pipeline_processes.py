@@ -4,7 +4,6 @@ import glob
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -15,7 +14,8 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from conftest import FAST_COMPILE_XLA_FLAGS, communicate_within, run_within, scaled_timeout, timed_out, wait_within  # noqa: E402
+from conftest import (FAST_COMPILE_XLA_FLAGS, communicate_within, run_within, scaled_timeout, start_logged,  # noqa: E402
+                      timed_out, wait_within)
 # The workers and the reference compile the same stage programs: one compilation cache for all of them.
 # XLA:CPU's convolutions and reductions split their sums by the size of the process's intra-op thread pool,
 # max(PJRT_NPROC or the cores the process may use, its device count): left alone, on a host with one core a
@@ -32,9 +32,9 @@ from test_multiprocess import free_port  # noqa: E402
 def start(tmp_path, devices: int, runs: list[str], tag: str = 'p', port: int | None = None, workdir: str = 'w',
           env: dict | None = None):
   port = port or free_port()
-  return [subprocess.Popen([sys.executable, os.path.join(HERE, 'pipeline_process_worker.py'), str(i), str(port),
-                            str(devices), str(tmp_path / workdir), str(tmp_path / f'{tag}{i}'), *runs], env=env or ENV,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  return [start_logged([sys.executable, os.path.join(HERE, 'pipeline_process_worker.py'), str(i), str(port),
+                        str(devices), str(tmp_path / workdir), str(tmp_path / f'{tag}{i}'), *runs],
+                       str(tmp_path / f'{tag}{i}.log'), env=env or ENV) for i in range(2)]
 
 
 def finish(procs, timeout=300):
@@ -226,10 +226,14 @@ def test_divergence_over_processes_stops_every_process_with_one_line(tmp_path):
             '--config.cpu_devices=1', '--config.optim.learning_rate=1e6', '--config.log_every_steps=2',
             '--config.checkpoint_every_steps=100', f'--config.distributed.coordinator=127.0.0.1:{port}',
             '--config.distributed.num_processes=2']
-  procs = [subprocess.Popen([sys.executable, 'main.py', *common, f'--config.distributed.process_id={i}',
-                             f'--workdir={tmp_path / str(i)}'], cwd=os.path.dirname(HERE), env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-  outs = [p.communicate(timeout=scaled_timeout(300)) for p in procs]
+  procs = [start_logged([sys.executable, 'main.py', *common, f'--config.distributed.process_id={i}',
+                         f'--workdir={tmp_path / str(i)}'], str(tmp_path / f'main{i}.log'), separate_stderr=True,
+                        cwd=os.path.dirname(HERE), env=ENV) for i in range(2)]
+  try:
+    outs = [communicate_within(p, 300, f'waiting for process {i} to end') for i, p in enumerate(procs)]
+  finally:
+    for p in procs:
+      p.kill()
   steps = set()
   for p, (_, err) in zip(procs, outs):
     errors = [line for line in err.splitlines() if line.startswith('error:')]
