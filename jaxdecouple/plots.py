@@ -193,6 +193,44 @@ def time_to(workdir: str, error: float) -> float | None:
   return next((t for t, e in zip(curves['train_seconds'], curves['test_error']) if e <= error + 1e-6), None)
 
 
+def loss_curves(workdir: str) -> dict[str, list[float]]:
+  """One run's losses against steps: the training loss of every logged training record (``step``,
+  ``train_loss``) and the held-out loss of every evaluation (``eval_step``, ``test_loss``); the last record of a
+  step wins (a resumed run may log one twice)."""
+  records: dict[tuple[str, int], dict] = {}
+  for r in read_metrics(workdir):
+    records[(r['kind'], r['step'])] = r
+  train = [r for (kind, _), r in sorted(records.items(), key=lambda kv: kv[0][1]) if kind == 'train'
+           and isinstance(r.get('train_loss'), (int, float))]
+  evals = [r for (kind, _), r in sorted(records.items(), key=lambda kv: kv[0][1]) if kind == 'eval'
+           and isinstance(r.get('test_loss'), (int, float))]
+  return {'step': [r['step'] for r in train], 'train_loss': [r['train_loss'] for r in train],
+          'eval_step': [r['step'] for r in evals], 'test_loss': [r['test_loss'] for r in evals]}
+
+
+def plot_loss_steps(runs: Mapping[str, Sequence[str]], path: str | None = None, title: str | None = None):
+  """Training loss (a line through every logged step) and held-out loss (markers, at each evaluation) against
+  steps: {label: [workdir, ...]}, the median over the workdirs (seeds) at the steps all of them logged, a colour
+  per label. For runs that evaluate rarely (the GPT study: after each of 2 epochs) the training loss shows the
+  course between the evaluations."""
+  plt = _figure_backend(path)
+  fig, ax = plt.subplots(figsize=(7.5, 3.8))
+  for i, (label, workdirs) in enumerate(runs.items()):
+    curves = [loss_curves(w) for w in workdirs]
+    for steps_key, key, style in (('step', 'train_loss', '-'), ('eval_step', 'test_loss', 'o')):
+      common = sorted(set.intersection(*(set(c[steps_key]) for c in curves))) if curves else []
+      median = [statistics.median(c[key][c[steps_key].index(s)] for c in curves) for s in common]
+      ax.plot(common, median, style, color=f'C{i}', markersize=5, linewidth=1,
+              label=f'{label} ({"training" if key == "train_loss" else "held-out"})')
+  ax.set(xlabel='step', ylabel='loss (nats per target)')
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=6, loc='center left', bbox_to_anchor=(1.01, 0.5))
+  if title:
+    ax.set_title(title)
+  fig.tight_layout()
+  return _save(fig, path)
+
+
 def plot_wallclock(runs: Mapping[str, Sequence[str]], path: str | None = None, title: str | None = None):
   """Test error (%) against training seconds: {label: [workdir, ...]}, one line per workdir (seed), a
   colour per label (seeds are not averaged: their clocks differ)."""

@@ -115,3 +115,23 @@ def test_training_seconds_and_time_to_an_error(tmp_path):
   plot_wallclock({'BP': [wd, wd]}, path=path)
   with open(path, 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+
+
+def test_losses_against_steps_for_runs_that_evaluate_rarely(tmp_path):
+  """Every logged training loss and every held-out loss, by step (a resumed run's repeated step: the last record);
+  the figure draws the median over seeds at the steps all of them logged."""
+  from jaxdecouple.plots import loss_curves, plot_loss_steps
+  runs = []
+  for seed, shift in enumerate((0.0, 0.2, 0.4)):
+    wd = str(tmp_path / f's{seed}')
+    fake_run(wd, [{'kind': 'train', 'step': 50, 'train_loss': 9.0}, {'kind': 'train', 'step': 50, 'train_loss': 5.0 + shift},
+                  {'kind': 'train', 'step': 100, 'train_loss': 4.0 + shift},
+                  {'kind': 'eval', 'step': 100, 'epoch': 1.0, 'test_loss': 4.5 + shift, 'test_accuracy': 0.3}], {})
+    runs.append(wd)
+  assert loss_curves(runs[1]) == {'step': [50, 100], 'train_loss': [5.2, 4.2], 'eval_step': [100],
+                                  'test_loss': [4.7]}
+  fig = plot_loss_steps({'GPT': runs}, path=str(tmp_path / 'loss.png'))
+  train, held = fig.axes[0].get_lines()
+  assert list(train.get_xdata()) == [50, 100] and list(train.get_ydata()) == pytest.approx([5.2, 4.2])  # medians
+  assert list(held.get_xdata()) == [100] and list(held.get_ydata()) == pytest.approx([4.7])
+  assert os.path.getsize(tmp_path / 'loss.png') > 1000

@@ -15,7 +15,8 @@ def figure_lines(study: Study, workdir: str, results_path: str, figures_dir: str
   """Per row: learning curves; test error against training seconds; and, where pipeline runs recorded
   staleness diagnostics, each stage's gradient against BP's (the first finished seed of each column)."""
   import matplotlib.pyplot as plt
-  from jaxdecouple.plots import diagnostics, plot_curves, plot_diagnostics, plot_wallclock
+  from jaxdecouple.data import TEXT_DATASETS
+  from jaxdecouple.plots import diagnostics, plot_curves, plot_diagnostics, plot_loss_steps, plot_wallclock
   os.makedirs(figures_dir, exist_ok=True)
   lines = []
   for row in study.rows:
@@ -33,6 +34,12 @@ def figure_lines(study: Study, workdir: str, results_path: str, figures_dir: str
     plt.close(plot_wallclock({c: [run_dir(workdir, r) for r in rs] for c, rs in finished.items()}, path=png,
                              title=row))
     lines += [f'![{row}: test error against training seconds, one line per seed]({rel(png)})', '']
+    if next(iter(finished.values()))[0].config('x.npz').dataset in TEXT_DATASETS:  # few evaluations: every step
+      png = os.path.join(figures_dir, f'{slug}_loss_steps.png')
+      plt.close(plot_loss_steps({c: [run_dir(workdir, r) for r in rs] for c, rs in finished.items()}, path=png,
+                                title=row))
+      lines += [f'![{row}: training loss at every logged step and held-out loss at each evaluation, median over '
+                f'seeds]({rel(png)})', '']
     diagnosed = {f'{c} (seed {r.seed})': run_dir(workdir, r) for c, rs in finished.items()
                  for r in rs[:1] if diagnostics(run_dir(workdir, r))}
     if diagnosed:
