@@ -22,6 +22,7 @@ from jaxdecouple.errors import fail
 REPLICA_EXCHANGE_FIELDS = ('outer_lr', 'outer_momentum', 'compress', 'quantize_bits', 'sparsify', 'update_exchange',
                            'worker_speeds')
 
+
 class Method(abc.ABC):
   name: ClassVar[str]
   scans_blocks: ClassVar[bool] = True  # whether config.scan_blocks applies (the replica engine unrolls)

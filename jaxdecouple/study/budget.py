@@ -80,9 +80,9 @@ def budget_table(study: Study, workdir: str) -> list[str]:
                    + (f'{statistics.median(errors):.2f}, n={len(errors)}' if errors else '-') + ' |')
   if not lines:
     return []
-  return [f"Accuracy against the communication budget (the ResIST paper's Figure 8): MB each device moves per round "
-          f'(blocks sent plus what it puts into the shared layers\' collective) and MB arriving from that '
-          f'collective, measured by benchmarks/resist_round.py on this network, one worker per CPU device '
+  return ["Accuracy against the communication budget (the ResIST paper's Figure 8): MB each device moves per round "
+          "(blocks sent plus what it puts into the shared layers' collective) and MB arriving from that "
+          'collective, measured by benchmarks/resist_round.py on this network, one worker per CPU device '
           f'({study.budget} in the workdir: the runs themselves train on one device, where nothing crosses one); '
           "the same method's float32 round is 1.00; the test error is the cell's median:", '',
           '| row | column | MB moved per device | vs float32 | MB arriving from the collective | test error (%) |',

@@ -4,6 +4,7 @@ writes image files (through matplotlib, imported only here) and the markdown lin
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -34,7 +35,7 @@ def figure_lines(study: Study, workdir: str, results_path: str, figures_dir: str
     plt.close(plot_wallclock({c: [run_dir(workdir, r) for r in rs] for c, rs in finished.items()}, path=png,
                              title=row))
     lines += [f'![{row}: test error against training seconds, one line per seed]({rel(png)})', '']
-    if next(iter(finished.values()))[0].config('x.npz').dataset in TEXT_DATASETS:  # few evaluations: every step
+    if _dataset(run_dir(workdir, next(iter(finished.values()))[0])) in TEXT_DATASETS:  # few evaluations: every step
       png = os.path.join(figures_dir, f'{slug}_loss_steps.png')
       plt.close(plot_loss_steps({c: [run_dir(workdir, r) for r in rs] for c, rs in finished.items()}, path=png,
                                 title=row))
@@ -48,3 +49,12 @@ def figure_lines(study: Study, workdir: str, results_path: str, figures_dir: str
       lines += [f'![{row}: cosine and norm ratio of each stage\'s applied gradient to back-propagation\'s]'
                 f'({rel(png)})', '']
   return lines
+
+
+def _dataset(folder: str) -> str:
+  """The data set a finished run trained on, from its own config.json ('' when it has none)."""
+  try:
+    with open(os.path.join(folder, 'config.json'), encoding='utf-8') as f:
+      return json.load(f).get('dataset', '')
+  except (OSError, ValueError):
+    return ''
