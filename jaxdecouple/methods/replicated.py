@@ -53,6 +53,7 @@ class ReplicaMethod(Method):
     self.warm = engine(self.engine.eval_model(), dataclasses.replace(spec, partition=False)) if self.warmup else None
     if self.warm is not None:
       self.warm.announce = False  # the bytes the log announces are ResIST's
+      self.warm.speeds = self.engine.speeds  # the warm-up's rounds are timed too
     self._example = None
 
   def train_batch(self, x, y, order, step: int) -> Batch:
