@@ -13,7 +13,8 @@ on one core and on two.
 Each pipeline run also times 3 more iterations call by call (jaxdecouple/pipeline/timeline.py): each process
 the seconds its stage computed in an iteration (from when its calls' outputs really became ready; the
 median of the 3); a stage idles the rest of the measured iteration, and the run's measured bubble is the
-stages' mean idle share, 1 - mean(busy) / (seconds per iteration).
+stages' mean idle share, 1 - mean(busy) / period, the period being the slower process's median wall seconds
+of those same 3 iterations (printed as timed_seconds_per_iter).
 
 Every run is a fresh set of processes, pinned with sched_setaffinity before JAX starts (XLA:CPU then
 sizes its thread pools to the cores it may use). A timed iteration waits for the results of the stages
@@ -100,11 +101,15 @@ def child(args) -> dict:
          'process': jax.process_index(), 'cores': sorted(os.sched_getaffinity(0))}
   if c.method != 'bp':  # this process's stage, call by call: the seconds it computed in an iteration
     from jaxdecouple.pipeline.accounting import timed_step
-    busy, first = [], first + args.iters
+    busy, period, first = [], [], first + args.iters
     for t in range(first, first + 3):
+      start = time.perf_counter()
       state, _, seconds, _ = timed_step(m.pipeline, state, m.train_batch(ds.x_train, ds.y_train, order, t), t)
+      jax.block_until_ready(mine(state))
+      period.append(time.perf_counter() - start)  # the same iteration's wall seconds: busy never exceeds it
       busy.append(sum(seconds.values()))
     out['stage_busy_s'] = round(statistics.median(busy), 5)
+    out['timed_seconds_per_iter'] = round(statistics.median(period), 5)
   return out
 
 
@@ -125,6 +130,15 @@ def time_split(args) -> dict:
   split = timed_split(model, 2, (32, 32, 3), batch)
   return {'split': split_names(model, split), 'stage_seconds': [round(c, 5) for c in split.stage_costs()],
           'timed_batch': batch}
+
+
+def bubble(got: list[dict]) -> float:
+  """The measured bubble of one 2-process run: the stages' mean idle share of the iterations they were timed
+  in, 1 - mean(busy) / period, the period being the slower process's median wall seconds of those same 3
+  iterations. Busy and period come from the same iterations, so the share lies in [0, 1): against the
+  --iters iterations timed before (another sample, 2 of them in the tests) a noisy machine printed -0.02."""
+  period = max(g['timed_seconds_per_iter'] for g in got)
+  return round(1 - statistics.mean(g['stage_busy_s'] for g in got) / period, 4)
 
 
 def launch(args, role: str, cores: list[int], split: str | None = None) -> subprocess.Popen:
@@ -184,7 +198,8 @@ def main(argv=None):
                         'streamed_images_per_sec': round(args.batch / streamed, 1),
                         **({'split': splits[method]['split'] if method in splits else args.split} if method else {}),
                         **({'stage_busy_s': [g['stage_busy_s'] for g in got],  # a stage idles the rest of the period
-                            'bubble_measured': round(1 - statistics.mean(g['stage_busy_s'] for g in got) / seconds, 4)}
+                            'timed_seconds_per_iter': max(g['timed_seconds_per_iter'] for g in got),
+                            'bubble_measured': bubble(got)}
                            if 'stage_busy_s' in got[0] else {}),
                         **({'round': r} if args.rounds > 1 else {})})
     for g in got_round:

@@ -308,6 +308,8 @@ def test_pipeline_processes_runs_each_method_at_its_timed_split():
   for r in runs[2:4]:
     assert choose_split(model, 2, r['split'], (32, 32, 3)).how == 'explicit' and 0 <= r['bubble_measured'] < 1
     assert len(r['stage_busy_s']) == 2 and min(r['stage_busy_s']) > 0
+    assert max(r['stage_busy_s']) <= r['timed_seconds_per_iter']  # busy and period from the same iterations
+    assert abs(r['bubble_measured'] - (1 - sum(r['stage_busy_s']) / 2 / r['timed_seconds_per_iter'])) <= 1e-4
   for r in runs:  # each run's figures against BP on one core, from the printed images/s
     assert r['images_per_sec'] == round(8 / r['seconds_per_iter'], 1)
     assert r['vs_bp_1_core'] == round(r['images_per_sec'] / runs[0]['images_per_sec'], 3)
