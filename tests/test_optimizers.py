@@ -54,6 +54,36 @@ def test_sgd_is_bit_for_bit_the_previous_update(nesterov):
   assert_trees_equal(params, old_params)
 
 
+# A fixed run: the digests (sum of |w|, sum of w^2 over the parameters) of four tiny SGD runs as the code of
+# 8b9d0fb made them, the commit before 0cfcd11 let optax apply the whole update (recorded 2026-11-27 with this
+# suite's XLA flags, jax 0.10.2, Intel Xeon; the same with XLA:CPU held to AVX2). 12 steps cross the
+# milestone at step 8 (lr / 10), so an update that applied the rate at another place would show.
+FIXED_RUNS = {
+    'bp': ({'method': 'bp'}, 4361.968946118761, 619.803958264266),
+    'bp nesterov, linear warm-up': ({'method': 'bp', 'optim.nesterov': True, 'optim.warmup': 'linear',
+                                     'optim.warmup_epochs': 0.5}, 4357.858764261027, 617.3804864150421),
+    'fdg K=2 beta 0.5': ({'method': 'fdg', 'pipeline.num_stages': 2, 'pipeline.beta': 0.5},
+                         4338.0276881853615, 614.6581488583283),
+    'local SGD S=2 L=4': ({'method': 'localsgd', 'replica.num_workers': 2, 'replica.local_steps': 4},
+                          4318.109113536539, 611.0394252947199)}
+FIXED_RTOL = 1e-5  # 25x what holding XLA:CPU to AVX2 moved a digest (4e-7); a weight decay 20% off moves 10x more
+
+
+def digests(variables):
+  leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(variables['params'])]
+  return sum(np.abs(x).sum() for x in leaves), sum((x * x).sum() for x in leaves)
+
+
+@pytest.mark.parametrize('run', sorted(FIXED_RUNS))
+def test_sgd_runs_keep_the_numbers_of_a_run_made_before_optax_applied_the_update(run, workdir):
+  fields, *recorded = FIXED_RUNS[run]
+  result = train_and_evaluate(tiny_config(max_steps=12, **fields), workdir)
+  np.testing.assert_allclose(digests(result.variables), recorded, rtol=FIXED_RTOL)
+  if run == 'bp':  # sharp: the same run with weight decay 6e-4 rather than 5e-4 is outside the tolerance
+    other = train_and_evaluate(tiny_config(max_steps=12, **fields, **{'optim.weight_decay': 6e-4}), workdir + '2')
+    assert np.all(np.abs(np.array(digests(other.variables)) / recorded - 1) > 10 * FIXED_RTOL)
+
+
 @pytest.mark.parametrize('name', sorted(LR))
 def test_each_optimizer_under_fdg_matches_the_optax_reference(name, workdir, caplog):
   """FDG K = 2, beta 0.5, 5 steps (in the first epoch: a constant rate): every stage's updates as optax's alias
