@@ -194,39 +194,69 @@ def time_to(workdir: str, error: float) -> float | None:
 
 
 def loss_curves(workdir: str) -> dict[str, list[float]]:
-  """One run's losses against steps: the training loss of every logged training record (``step``,
-  ``train_loss``) and the held-out loss of every evaluation (``eval_step``, ``test_loss``); the last record of a
-  step wins (a resumed run may log one twice)."""
+  """One run's losses against steps and training seconds: the training loss of every logged training record
+  (``step``, ``train_loss``, ``train_seconds``) and the held-out loss of every evaluation (``eval_step``,
+  ``test_loss``, ``eval_seconds``); the last record of a step wins (a resumed run may log one twice).
+
+  The seconds are the training clock's (``clock.py``: evaluation, diagnostics and the compiling first step not
+  counted), summed: a training record's interval is its steps since the record before at the images (or
+  sequences) per second it logged, the run's ``batch_size`` from its config.json; an evaluation stands at the
+  summed ``epoch_time_s`` of the epochs up to it, as ``learning_curves``' ``train_seconds``. NaN where a record
+  lacks its rate or the config its batch."""
   records: dict[tuple[str, int], dict] = {}
   for r in read_metrics(workdir):
     records[(r['kind'], r['step'])] = r
-  train = [r for (kind, _), r in sorted(records.items(), key=lambda kv: kv[0][1]) if kind == 'train'
-           and isinstance(r.get('train_loss'), (int, float))]
-  evals = [r for (kind, _), r in sorted(records.items(), key=lambda kv: kv[0][1]) if kind == 'eval'
-           and isinstance(r.get('test_loss'), (int, float))]
-  return {'step': [r['step'] for r in train], 'train_loss': [r['train_loss'] for r in train],
-          'eval_step': [r['step'] for r in evals], 'test_loss': [r['test_loss'] for r in evals]}
+  ordered = [r for (_, _), r in sorted(records.items(), key=lambda kv: kv[0][1])]
+  try:
+    with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
+      batch = json.load(f).get('batch_size', math.nan)
+  except (OSError, ValueError):
+    batch = math.nan
+  out = {'step': [], 'train_loss': [], 'train_seconds': [], 'eval_step': [], 'test_loss': [], 'eval_seconds': []}
+  previous, seconds, epochs_seconds = 0, 0.0, 0.0
+  for r in ordered:
+    if r['kind'] == 'train':
+      rate = r.get('images_per_sec')
+      seconds += (r['step'] - previous) * batch / rate if isinstance(rate, (int, float)) and rate > 0 else math.nan
+      previous = r['step']
+      if isinstance(r.get('train_loss'), (int, float)):
+        out['step'].append(r['step'])
+        out['train_loss'].append(r['train_loss'])
+        out['train_seconds'].append(seconds)
+    elif r['kind'] == 'eval':
+      epochs_seconds += r.get('epoch_time_s', math.nan)
+      if isinstance(r.get('test_loss'), (int, float)):
+        out['eval_step'].append(r['step'])
+        out['test_loss'].append(r['test_loss'])
+        out['eval_seconds'].append(epochs_seconds)
+  return out
 
 
-def plot_loss_steps(runs: Mapping[str, Sequence[str]], path: str | None = None, title: str | None = None):
-  """Training loss (a line through every logged step) and held-out loss (markers, at each evaluation) against
-  steps: {label: [workdir, ...]}, the median over the workdirs (seeds) at the steps all of them logged, a colour
-  per label. For runs that evaluate rarely (the GPT study: after each of 2 epochs) the training loss shows the
-  course between the evaluations."""
+def plot_losses(runs: Mapping[str, Sequence[str]], path: str | None = None, title: str | None = None):
+  """Training loss (a line through every logged step) and held-out loss (markers, at each evaluation):
+  {label: [workdir, ...]}, a colour per label. Left, against steps: the median over the workdirs (seeds) at the
+  steps all of them logged. Right, against training seconds: one line per workdir (seeds are not averaged: their
+  clocks differ). For runs that evaluate rarely (the GPT study: after each of 2 epochs) the training loss shows
+  the course between the evaluations."""
   plt = _figure_backend(path)
-  fig, ax = plt.subplots(figsize=(7.5, 3.8))
+  fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11.5, 3.8), sharey=True)
   for i, (label, workdirs) in enumerate(runs.items()):
     curves = [loss_curves(w) for w in workdirs]
     for steps_key, key, style in (('step', 'train_loss', '-'), ('eval_step', 'test_loss', 'o')):
       common = sorted(set.intersection(*(set(c[steps_key]) for c in curves))) if curves else []
       median = [statistics.median(c[key][c[steps_key].index(s)] for c in curves) for s in common]
-      ax.plot(common, median, style, color=f'C{i}', markersize=5, linewidth=1,
-              label=f'{label} ({"training" if key == "train_loss" else "held-out"})')
-  ax.set(xlabel='step', ylabel='loss (nats per target)')
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=6, loc='center left', bbox_to_anchor=(1.01, 0.5))
+      by_step.plot(common, median, style, color=f'C{i}', markersize=5, linewidth=1,
+                   label=f'{label} ({"training" if key == "train_loss" else "held-out"})')
+    for j, c in enumerate(curves):
+      by_time.plot(c['train_seconds'], c['train_loss'], '-', color=f'C{i}', linewidth=1, alpha=0.8)
+      by_time.plot(c['eval_seconds'], c['test_loss'], 'o', color=f'C{i}', markersize=5, alpha=0.8)
+  by_step.set(xlabel='step', ylabel='loss (nats per target)')
+  by_time.set(xlabel='training seconds (one line per seed)')
+  for ax in (by_step, by_time):
+    ax.grid(alpha=0.3)
+  by_time.legend(*by_step.get_legend_handles_labels(), fontsize=6, loc='center left', bbox_to_anchor=(1.01, 0.5))
   if title:
-    ax.set_title(title)
+    fig.suptitle(title)
   fig.tight_layout()
   return _save(fig, path)
 

@@ -117,21 +117,27 @@ def test_training_seconds_and_time_to_an_error(tmp_path):
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
 
 
-def test_losses_against_steps_for_runs_that_evaluate_rarely(tmp_path):
-  """Every logged training loss and every held-out loss, by step (a resumed run's repeated step: the last record);
-  the figure draws the median over seeds at the steps all of them logged."""
-  from jaxdecouple.plots import loss_curves, plot_loss_steps
+def test_losses_against_steps_and_seconds_for_runs_that_evaluate_rarely(tmp_path):
+  """Every logged training loss and every held-out loss, by step (a resumed run's repeated step: the last record)
+  and by training seconds (each record's steps at its logged rate, batch 10; an evaluation at the summed epoch
+  times); the figure draws the median over seeds at the steps all of them logged, and each seed against seconds."""
+  from jaxdecouple.plots import loss_curves, plot_losses
   runs = []
   for seed, shift in enumerate((0.0, 0.2, 0.4)):
     wd = str(tmp_path / f's{seed}')
-    fake_run(wd, [{'kind': 'train', 'step': 50, 'train_loss': 9.0}, {'kind': 'train', 'step': 50, 'train_loss': 5.0 + shift},
-                  {'kind': 'train', 'step': 100, 'train_loss': 4.0 + shift},
-                  {'kind': 'eval', 'step': 100, 'epoch': 1.0, 'test_loss': 4.5 + shift, 'test_accuracy': 0.3}], {})
+    fake_run(wd, [{'kind': 'train', 'step': 50, 'train_loss': 9.0, 'images_per_sec': 1.0},
+                  {'kind': 'train', 'step': 50, 'train_loss': 5.0 + shift, 'images_per_sec': 25.0},  # resumed
+                  {'kind': 'train', 'step': 100, 'train_loss': 4.0 + shift, 'images_per_sec': 50.0 / (1 + seed)},
+                  {'kind': 'eval', 'step': 100, 'epoch': 1.0, 'test_loss': 4.5 + shift, 'test_accuracy': 0.3,
+                   'epoch_time_s': 31.0}], {'batch_size': 10})
     runs.append(wd)
-  assert loss_curves(runs[1]) == {'step': [50, 100], 'train_loss': [5.2, 4.2], 'eval_step': [100],
-                                  'test_loss': [4.7]}
-  fig = plot_loss_steps({'GPT': runs}, path=str(tmp_path / 'loss.png'))
-  train, held = fig.axes[0].get_lines()
+  assert loss_curves(runs[1]) == {'step': [50, 100], 'train_loss': [5.2, 4.2], 'train_seconds': [20.0, 40.0],
+                                  'eval_step': [100], 'test_loss': [4.7], 'eval_seconds': [31.0]}
+  fig = plot_losses({'GPT': runs}, path=str(tmp_path / 'loss.png'))
+  train, held = fig.axes[0].get_lines()[:2]
   assert list(train.get_xdata()) == [50, 100] and list(train.get_ydata()) == pytest.approx([5.2, 4.2])  # medians
   assert list(held.get_xdata()) == [100] and list(held.get_ydata()) == pytest.approx([4.7])
+  by_time = fig.axes[1].get_lines()  # per seed: its training line, then its held-out markers
+  assert [list(line.get_xdata()) for line in by_time[::2]] == [[20.0, 30.0], [20.0, 40.0], [20.0, 50.0]]
+  assert [list(line.get_xdata()) for line in by_time[1::2]] == [[31.0]] * 3
   assert os.path.getsize(tmp_path / 'loss.png') > 1000

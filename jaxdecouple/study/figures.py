@@ -13,11 +13,12 @@ from jaxdecouple.study.curves import finished_by_column
 
 
 def figure_lines(study: Study, workdir: str, results_path: str, figures_dir: str) -> list[str]:
-  """Per row: learning curves; test error against training seconds; and, where pipeline runs recorded
-  staleness diagnostics, each stage's gradient against BP's (the first finished seed of each column)."""
+  """Per row: learning curves; test error against training seconds; for text, the losses against steps and
+  training seconds; and, where pipeline runs recorded staleness diagnostics, each stage's gradient against
+  BP's (the first finished seed of each column)."""
   import matplotlib.pyplot as plt
   from jaxdecouple.data import TEXT_DATASETS
-  from jaxdecouple.plots import diagnostics, plot_curves, plot_diagnostics, plot_loss_steps, plot_wallclock
+  from jaxdecouple.plots import diagnostics, plot_curves, plot_diagnostics, plot_losses, plot_wallclock
   os.makedirs(figures_dir, exist_ok=True)
   lines = []
   for row in study.rows:
@@ -36,11 +37,11 @@ def figure_lines(study: Study, workdir: str, results_path: str, figures_dir: str
                              title=row))
     lines += [f'![{row}: test error against training seconds, one line per seed]({rel(png)})', '']
     if _dataset(run_dir(workdir, next(iter(finished.values()))[0])) in TEXT_DATASETS:  # few evaluations: every step
-      png = os.path.join(figures_dir, f'{slug}_loss_steps.png')
-      plt.close(plot_loss_steps({c: [run_dir(workdir, r) for r in rs] for c, rs in finished.items()}, path=png,
-                                title=row))
-      lines += [f'![{row}: training loss at every logged step and held-out loss at each evaluation, median over '
-                f'seeds]({rel(png)})', '']
+      png = os.path.join(figures_dir, f'{slug}_losses.png')
+      plt.close(plot_losses({c: [run_dir(workdir, r) for r in rs] for c, rs in finished.items()}, path=png,
+                            title=row))
+      lines += [f'![{row}: training loss at every logged step and held-out loss at each evaluation, against steps '
+                f'(median over seeds) and against training seconds (one line per seed)]({rel(png)})', '']
     diagnosed = {f'{c} (seed {r.seed})': run_dir(workdir, r) for c, rs in finished.items()
                  for r in rs[:1] if diagnostics(run_dir(workdir, r))}
     if diagnosed:
