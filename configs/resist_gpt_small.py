@@ -7,7 +7,7 @@ python main.py --config=configs/resist_gpt_small.py
 Batch 32 per worker, L = 20. --config.method=localsgd runs local SGD on the same recipe (every block on every
 worker). The partitioned blocks' residual branches are scaled by 1/S at test time, as ResIST's ResNets'.
 Needs apt-get install fortunes. Measured (study cpu_gpt_async, docs/RESULTS.md; 2 epochs, Xeon, 2 cores, medians
-of 2 seeds, BP's of 3): held-out next-byte error ResIST 66.66%, local SGD 64.81%, BP 60.79%.
+of 3 seeds): held-out next-byte error ResIST 66.73%, local SGD 64.95%, BP 60.79%.
 """
 from jaxdecouple.recipes import gpt_bytes
 
