@@ -12,7 +12,7 @@ Needs apt-get install fortunes.
 
 Measured (study cpu_gpt_async, docs/RESULTS.md; 2 epochs rather than this config's 4, beta 0.5, which AdamW
 divides out; Xeon, 2 cores, medians of 3 seeds): held-out next-byte error BP 60.79%, FDG 75.56% (+14.77 points),
-FDG with PyTorch's NAdam b1 0.99 71.18% (+10.28), 1F1B BP's to the digit. The delayed gradient costs this
+FDG with PyTorch's NAdam b1 0.99 71.18% (+10.28; at AsyncPP's lr 3e-4 71.87%, one seed), 1F1B BP's to the digit. The delayed gradient costs this
 transformer far more than a ResNet at K = 4 (+0.72 on ResNet-8).
 """
 from jaxdecouple.recipes import gpt_bytes
