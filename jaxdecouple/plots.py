@@ -206,7 +206,7 @@ def loss_curves(workdir: str) -> dict[str, list[float]]:
   records: dict[tuple[str, int], dict] = {}
   for r in read_metrics(workdir):
     records[(r['kind'], r['step'])] = r
-  ordered = [r for (_, _), r in sorted(records.items(), key=lambda kv: kv[0][1])]
+  ordered = [r for _, r in sorted(records.items(), key=lambda kv: kv[0][1])]
   try:
     with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
       batch = json.load(f).get('batch_size', math.nan)
