@@ -224,11 +224,15 @@ def test_a_resumed_outer_run_on_fewer_devices_matches_the_reference(workdir):
     ('localsgd', {'replica.update_exchange': 'two_stage', 'replica.sparsify': 0.25}, 'replica.update_exchange'),
     ('localsgd', {'replica.update_exchange': 'ring'}, 'replica.update_exchange'),
     ('resist', {**DILOCO, 'replica.quantize_bits': 8}, 'replica.compress'),  # outer steps compress updates only
+    ('ensemble', {'replica.outer_nesterov': False}, 'replica.outer_nesterov'),
+    ('localsgd', {'replica.error_feedback': False, 'replica.sparsify': 0.25}, 'replica.error_feedback'),
     # a method without workers and rounds has no outer step and sends no updates: refused, not ignored
     ('dp', {'replica.outer_lr': 0.7}, 'replica.outer_lr'),
     ('bp', {'replica.outer_momentum': 0.9}, 'replica.outer_momentum'),
     ('fdg', {'replica.compress': 'updates'}, 'replica.compress'),
     ('dgl', {'replica.sparsify': 0.25}, 'replica.sparsify'),
+    ('bp', {'replica.outer_nesterov': False}, 'replica.outer_nesterov'),
+    ('fdg', {'replica.error_feedback': False}, 'replica.error_feedback'),
 ])
 def test_bad_outer_settings_are_refused(method, overrides, field, workdir):
   with pytest.raises(ConfigError, match=field.replace('.', r'\.')):

@@ -19,8 +19,8 @@ from jaxdecouple.errors import fail
 
 # replica fields that change what a worker sends or how a round's average is applied: a method without the
 # replica engine refuses them rather than ignoring them (its other replica fields are harmless sizes)
-REPLICA_EXCHANGE_FIELDS = ('outer_lr', 'outer_momentum', 'compress', 'quantize_bits', 'sparsify', 'update_exchange',
-                           'worker_speeds')
+REPLICA_EXCHANGE_FIELDS = ('outer_lr', 'outer_momentum', 'outer_nesterov', 'compress', 'quantize_bits', 'sparsify',
+                           'error_feedback', 'update_exchange', 'worker_speeds')
 
 
 class Method(abc.ABC):

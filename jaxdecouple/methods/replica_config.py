@@ -66,6 +66,8 @@ def validate(config, name: str, partition: bool, average: bool) -> None:
     fail('replica.outer_momentum', f'must be in [0, 1) (0: none; DiLoCo uses 0.9), got {r.outer_momentum}')
   if not average and (r.outer_lr != 1 or r.outer_momentum):
     fail('replica.outer_lr', f'{name} never averages, so it has no outer step (leave outer_lr 1, outer_momentum 0)')
+  if not average and not r.outer_nesterov:
+    fail('replica.outer_nesterov', f'{name} never averages, so it has no outer step (leave it at True)')
   if r.compress not in ('weights', 'updates'):
     fail('replica.compress', f"{r.compress!r} is not allowed; choose weights (the paper's A.5) or updates")
   if r.compress == 'updates' and not (r.quantize_bits or r.sparsify):
@@ -86,6 +88,9 @@ def validate(config, name: str, partition: bool, average: bool) -> None:
          "set replica.compress='updates' (or drop replica.quantize_bits / replica.sparsify)")
   if r.compress == 'updates' and not average:
     fail('replica.compress', f'{name} never averages, so it sends no updates (leave it at weights)')
+  if not r.error_feedback and r.compress != 'updates':
+    fail('replica.error_feedback', "carries what a compressed update did not send into the next round; it acts with "
+         "replica.compress='updates' only (set that, or leave it at True)")
   o = config.optim
   if partition and o.name in ('lamb', 'lars'):
     fail('optim.name', f'{o.name} scales each parameter array by its own trust ratio, and a {name} worker stacks its '
