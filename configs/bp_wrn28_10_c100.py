@@ -3,7 +3,7 @@ configs/fdg_wrn28_10_c100.py.
 
 python main.py --config=configs/bp_wrn28_10_c100.py --config.data.path=cifar100.npz
 
-Paper (Table 3, BP rerun by the FDG authors): CIFAR-100 BP 19.6% (the authors' README; the paper quotes 19.2% from the WRN paper).
+The authors' README: CIFAR-100 BP 19.6% (the FDG paper's Table 3 quotes 19.2% from the WRN paper).
 Data: an .npz with x_train, y_train, x_test, y_test of CIFAR-100 (100 classes), or tensorflow-datasets when it
 can download or has the data prepared.
 """

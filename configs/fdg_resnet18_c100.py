@@ -5,7 +5,7 @@ python main.py --config=configs/fdg_resnet18_c100.py --config.data.path=cifar100
 Paper: CIFAR-100 FDG 22.78% at beta 1, 22.18% at beta 0.5.
 beta is the paper's best; --config.pipeline.beta=1.0 gives the no-shrinking column.
 
-Data: an .npz with x_train, y_train, x_test, y_test (or the JPEG-compressed CIFAR-10 copy), or
+Data: an .npz with x_train, y_train, x_test, y_test of CIFAR-100 (100 classes), or
 tensorflow-datasets when it can download or has the data prepared.
 """
 from jaxdecouple.recipes import fdg_paper

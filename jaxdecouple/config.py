@@ -39,9 +39,10 @@ def get_default_config() -> ml_collections.ConfigDict:
                                # comma-separated (e.g. 'optim.learning_rate' after a divergence)
 
   c.data = ml_collections.ConfigDict()
-  c.data.source = 'auto'       # auto, idx, npz, tfds, folder (imagenet), synthetic (tests only)
+  c.data.source = 'auto'       # auto, idx, npz, tfds, folder (imagenet, voc), synthetic (tests only)
   c.data.path = ''             # .npz with x_train, y_train, x_test, y_test (or the JPEG CIFAR-10 copy);
-                               # imagenet: a folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG
+                               # imagenet: a folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG;
+                               # voc: the extracted VOCdevkit folder (docs/DATA.md)
   c.data.idx_dir = ''          # Fashion-MNIST IDX files; '' = /usr/share/datasets/fashion-mnist
   c.data.tfds_data_dir = ''
   c.data.tfds_download = True
@@ -114,7 +115,8 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.replica.local_steps = 50   # L local iterations per round, then averaging (and a new partition)
   c.replica.min_depth = 0      # resist: pad sub-networks to at least this many partitioned blocks
   c.replica.momentum = 'restart'   # restart (the release) or average (like the parameters)
-  c.replica.batch_norm = 'batch'   # batch: batch statistics at train and test (the release); running
+  c.replica.batch_norm = 'batch'   # batch: batch statistics at train and test (the release); running: the
+                                   # running statistics at test time (averaged as stats_every_steps says)
   c.replica.quantize_bits = 0  # 4..8: what a worker sends is quantised to this many bits; 0: off
   c.replica.sparsify = 0.0     # (0, 1): a worker sends only this fraction of each tensor (largest magnitude); 0: off
   c.replica.num_devices = 0    # 0: as many as divide num_workers; workers then share devices

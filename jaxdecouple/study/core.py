@@ -96,6 +96,7 @@ class Study:
   detection: bool = False  # detection runs: their test loss and mAP (the main table's error is 100 - mAP)
   paper_loss: dict = dataclasses.field(default_factory=dict)  # (row, column) -> the paper's best test loss
   paper_seconds: dict = dataclasses.field(default_factory=dict)  # (row, column) -> the paper's training seconds
+  paper_speedup: dict = dataclasses.field(default_factory=dict)  # (row, column) -> the speed-up the paper prints
   budget: str = ''  # replica studies: benchmarks/resist_round.py's records of each setting's round, in the workdir
   # What the runs say, in words: paragraphs written by hand from the finished runs' tables, printed under
   # READING in the report; every figure they quote must stand in the section's tables (a test checks), so

@@ -40,6 +40,8 @@ def study() -> Study:
       "table with Table 6's VOC losses beside it (another data set: compare the sign of the gap, not the losses)",
       runs, detection=True, paper_loss=paper,
       paper_seconds={(f'{MODEL}, S={s}', c): RESIST_DETECTION[(c, s)]['seconds'] for s in (2, 4) for c, _ in COLUMNS},
+      paper_speedup={(f'{MODEL}, S={s}', c): RESIST_DETECTION[(c, s)]['speed-up'] for s in (2, 4) for c, _ in COLUMNS
+                     if 'speed-up' in RESIST_DETECTION[(c, s)]},
       reading=(
           'ResIST trails local SGD on every measure here: +9.58 points of error (100 - mAP) at S=2 and +7.12 at '
           'S=4, a best test loss of 3.145 against 2.500 at S=2 and 3.141 against 2.346 at S=4 (mAP 53.18% against '
