@@ -100,7 +100,7 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.pipeline.keep = 'vjp'      # vjp (saved forward), recompute (input + params; less memory); fr replays
   c.pipeline.num_devices = 0   # 0: one device per stage (as many as present); stages then share
   c.pipeline.micro_batches = 4  # gpipe, 1f1b, zb_h1: M micro-batches per iteration (M divides batch_size)
-  c.pipeline.data_parallel = 1  # gpipe, 1f1b, zb_h1: D devices per stage, each micro-batch split over them
+  c.pipeline.data_parallel = 1  # every pipeline method: D devices per stage, each (micro-)batch split over them
   c.pipeline.accumulation = 1  # adl: M delayed backwards summed into one update
   c.pipeline.adl_mode = 'B'    # adl: B = update, then forward; A = forward with pre-update parameters
   c.pipeline.corrector = 'none' # delayed stages' staleness corrector: none, predict, dc, pipemare_lr, nesterov

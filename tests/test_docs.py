@@ -7,7 +7,8 @@ every ``--config.FIELD=VALUE`` names a field of ``get_default_config()`` and its
 main.py gets only the flags it defines; the study exists and the study CLI defines every flag given; a
 benchmark script exists and defines every flag given (its argparse / absl definitions read from its text).
 Also: every ``--config.FIELD`` written anywhere in the docs is a field, every relative link and every
-``configs/`` or ``benchmarks/`` path named exists, and the configs guide names every config file.
+``configs/`` or ``benchmarks/`` path named exists, the configs guide names every config file, and the
+architecture map names every module and benchmark script.
 Placeholders (``DIR``, ``FILE.npz``, ``NAME``, ``<...>``) stand for any value.
 """
 from __future__ import annotations
@@ -334,6 +335,25 @@ def test_the_configs_guide_names_every_config():
   wrong = [(name, method, _load_config(f'configs/{name}').method) for name, method in rows
            if _load_config(f'configs/{name}').method != method]
   assert not wrong, f'docs/CONFIGS.md: (config, method in the table, method of the config): {wrong}'
+
+
+def test_the_architecture_map_names_every_module():
+  """docs/ARCHITECTURE.md's map names every module of the package and every benchmark script (so a file added
+  without its line fails here), each within its folder's entry."""
+  text = _read('docs/ARCHITECTURE.md')
+  missing = []
+  for path in sorted(glob.glob(os.path.join(ROOT, 'jaxdecouple', '**', '*.py'), recursive=True)
+                     + glob.glob(os.path.join(ROOT, 'benchmarks', '*.py'))):
+    rel = os.path.relpath(path, ROOT)
+    name = os.path.basename(rel)
+    if name == '__init__.py' or '/definitions/' in rel:  # study definitions: "one file per study"
+      continue
+    folder = os.path.basename(os.path.dirname(rel))
+    entry = re.search(rf'^(?:  )?{re.escape(folder)}/ .*?(?=^(?:  )?[a-z_]+(?:/|\.py) |^```)', text, re.M | re.S)
+    scope = text if folder == 'jaxdecouple' else entry.group(0) if entry else ''
+    if not re.search(rf'(?<![\w/]){re.escape(name)}', scope):
+      missing.append(rel)
+  assert not missing, f'docs/ARCHITECTURE.md does not name: {missing}'
 
 
 def test_the_readme_is_a_front_page():

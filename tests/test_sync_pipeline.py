@@ -223,6 +223,19 @@ def test_data_parallel_stages_give_one_devices_numbers(tmp_path):
   assert one.method.pipeline.allreduce_bytes is None  # one device per stage: nothing to reduce
 
 
+@pytest.mark.parametrize('kind', ['gpipe', 'zb_h1'])
+def test_data_parallel_stages_of_gpipe_and_zb_h1(kind, tmp_path):
+  """GPipe's and ZB-H1's orders with each stage split over 2 devices (K = 2 x D = 2 on 4 devices) train to the
+  sequential reference's numbers too, every stage's parameters on its own 2 devices (1F1B's test above holds the
+  rest: the same driver, bytes and memory)."""
+  two = train_and_evaluate(sync_config(kind, **{'pipeline.data_parallel': 2}), str(tmp_path / 'd2'))
+  assert_trees_close(two.variables, reference_accumulated_bp(sync_config(kind), 3), tol=5e-4)
+  devices = jax.devices()
+  for k, st in enumerate(two.state.stages):
+    for leaf in jax.tree.leaves(st.params):
+      assert leaf.devices() == set(devices[2 * k:2 * k + 2])
+
+
 @pytest.mark.parametrize('method,extra', [('fdg', {'pipeline.keep': 'recompute', 'pipeline.corrector': 'predict'}),
                                           ('ddg', {}), ('fr', {}), ('dgl', {})])
 def test_data_parallel_stages_of_the_asynchronous_methods(method, extra, tmp_path):
