@@ -97,9 +97,9 @@ def test_adl_matches_the_sequential_reference(k, m, mode, workdir, request):
 def test_the_comparison_is_sharp(adl_2_2_b):
   """Mode A and mode B (and M = 2 against M = 1) are told apart by the tolerance above."""
   result, config = adl_2_2_b, adl_config(2, 2, 'B')
-  with pytest.raises(AssertionError):
+  with pytest.raises(AssertionError, match='max error'):
     assert_trees_close(result.variables, reference_adl(config, 12, mode='A'), tol=5e-4)
-  with pytest.raises(AssertionError):
+  with pytest.raises(AssertionError, match='max error'):
     assert_trees_close(result.variables, reference_adl(adl_config(2, 1, 'B'), 12), tol=5e-4)
 
 
@@ -152,5 +152,5 @@ def test_adl_with_weight_prediction_matches_its_definition(workdir):
   config = adl_config(2, 2, 'B', **{'pipeline.corrector': 'predict'})
   result = train_and_evaluate(config, workdir)
   assert_trees_close(result.variables, reference_adl(config, 12, predict={0: 0.5}), tol=5e-4)
-  with pytest.raises(AssertionError):
+  with pytest.raises(AssertionError, match='max error'):
     assert_trees_close(result.variables, reference_adl(config, 12, predict={0: 1.5}), tol=5e-4)

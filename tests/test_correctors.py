@@ -106,7 +106,7 @@ def test_each_corrector_matches_its_definition(corrector, workdir):
   result = train_and_evaluate(config, workdir)
   assert_trees_close(result.variables, reference(config, corrector, **right), tol=5e-4)  # diagnostics change nothing
   assert_diagnostics_finite(workdir)
-  with pytest.raises(AssertionError):
+  with pytest.raises(AssertionError, match='max error'):
     assert_trees_close(result.variables, reference(config, corrector, **wrong), tol=5e-4)
 
 

@@ -68,7 +68,7 @@ def test_ddg_with_weight_prediction_matches_its_definition(workdir):
   config = locked_config('ddg', 3, **{'pipeline.corrector': 'predict'})
   result = train_and_evaluate(config, workdir)
   assert_trees_close(result.variables, reference_forward_locked(config, 12, False, predict_offset=0), tol=5e-4)
-  with pytest.raises(AssertionError):
+  with pytest.raises(AssertionError, match='max error'):
     assert_trees_close(result.variables, reference_forward_locked(config, 12, False, predict_offset=1), tol=5e-4)
 
 
@@ -84,7 +84,7 @@ def test_ddg_and_fr_differ_by_the_replay(workdir, tmp_path):
   """The two references are far apart, so each comparison above is sharp."""
   config = locked_config('fr', 2)
   fr = train_and_evaluate(config, workdir)
-  with pytest.raises(AssertionError):
+  with pytest.raises(AssertionError, match='max error'):
     assert_trees_close(fr.variables, reference_forward_locked(config, 12, replay=False), tol=5e-4)
 
 

@@ -28,7 +28,7 @@ def test_the_comparison_catches_summed_gradients(workdir, tmp_path):
                                       **kw), workdir)
   doubled = train_and_evaluate(tiny_config(method='bp', **{'optim.learning_rate': 0.01}, **kw),
                                str(tmp_path / 'bp'))
-  with pytest.raises(AssertionError):
+  with pytest.raises(AssertionError, match='max error'):
     assert_trees_close(dp.variables, doubled.variables, tol=5e-4)
 
 

@@ -77,7 +77,7 @@ def test_fdg_matches_the_sequential_reference(k, workdir, request):
 def test_the_comparison_is_sharp(fdg_k2):
   """The tolerance above separates FDG from a reference whose beta differs by only 0.1."""
   result = fdg_k2
-  with pytest.raises(AssertionError):
+  with pytest.raises(AssertionError, match='max error'):
     assert_trees_close(result.variables, reference_fdg(reference_config(2, beta=0.6), 12), tol=5e-4)
 
 

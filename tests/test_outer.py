@@ -177,7 +177,7 @@ def test_resist_with_the_outer_optimizer_matches_the_reference(resist_outer_run)
   for w in range(4):
     anchor = engine.layout.worker_network(jax.device_get(state.outer['anchor']), member, w)
     assert_trees_equal({n: evaluated[n] for n in anchor}, anchor)
-  with pytest.raises(AssertionError):
+  with pytest.raises(AssertionError, match='max error'):
     plain = replica_config('resist')
     mine = worker_variables(resist_outer_run, 0)
     assert_trees_close(mine, stored_part(reference_replica(plain, 5)[0], mine), tol=1e-3)

@@ -149,7 +149,7 @@ def test_every_pipeline_method_and_bp_match_their_references_on_a_gpt(method, ex
   assert result.step == 4
   assert_trees_close(result.variables['params'], _reference(method, config, 4)['params'], tol=5e-4)
   if method == 'fdg':
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match='max error'):
       other = text_config(method, steps=4, **{'pipeline.num_stages': 2, 'pipeline.beta': 1.0})
       assert_trees_close(result.variables['params'], _reference(method, other, 4)['params'], tol=5e-4)
 
