@@ -154,6 +154,30 @@ def validate(o) -> None:
     fail('optim.ns_steps', f'must be at least 1 (Newton-Schulz iterations), got {o.ns_steps!r}')
 
 
+# each optimizer's own hyper-parameters, as the start-up log names them (the schedule's are described apart)
+HYPERPARAMETERS = {'sgd': ('momentum', 'nesterov'), 'adamw': ('b1', 'b2', 'eps', 'nesterov', 'momentum_decay'),
+                   'lamb': ('b1', 'b2', 'eps'), 'lars': ('momentum', 'nesterov', 'trust_coefficient'),
+                   'muon': ('muon_beta', 'ns_steps', 'nesterov', 'b1', 'b2', 'eps')}
+
+
+def describe(o) -> str:
+  """One start-up line: the optimizer with its own settings and weight decay, and the learning-rate schedule,
+  so a run's log says what it trained with (the config file may set what the command line did not)."""
+  own = ', '.join(f'{f} {o[f]}' for f in HYPERPARAMETERS[o.name] if f != 'momentum_decay' or o.get(f, 0.0))
+  if o.name == 'adamw' and o.get('momentum_decay', 0.0):
+    own += " (PyTorch's NAdam)"
+  if o.decay_steps:
+    decay = f'lr {o.learning_rate} / sqrt(1 + t / {o.decay_steps})'
+  elif o.milestones:
+    decay = (f'lr {o.learning_rate}, x {o.decay_factor} at epoch{"s" if len(o.milestones) > 1 else ""} '
+             f'{", ".join(str(m) for m in o.milestones)}')
+  else:
+    decay = f'lr {o.learning_rate} constant'
+  warmup = {'none': '', 'constant': f'; warm-up at lr {o.warmup_lr} for {o.warmup_epochs} epochs',
+            'linear': f'; warm-up from {o.warmup_factor} x lr over {o.warmup_epochs} epochs'}[o.warmup]
+  return f'optimizer {o.name} ({own}, weight decay {o.weight_decay}); {decay}{warmup}'
+
+
 def make_optimizer(optim_config) -> Optimizer:
   """``optim_config.name``'s optimizer; the step's learning rate is an argument of ``update``."""
   tx = optax.chain(*direction(optim_config), scale_by_step_learning_rate())

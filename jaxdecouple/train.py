@@ -29,7 +29,7 @@ from jaxdecouple.liveness import mark_progress, watch
 from jaxdecouple.memory import peak_memory
 from jaxdecouple.methods import METHODS, Method, Setup, validate
 from jaxdecouple.models import build_model, count_params
-from jaxdecouple.optim import make_optimizer, make_schedule
+from jaxdecouple.optim import describe as describe_optimizer, make_optimizer, make_schedule
 from jaxdecouple.process_start import start_processes, stop_before_work
 from jaxdecouple.agreement import agree_on_config, agree_on_data
 from jaxdecouple.processes import StopSignal, agree_on_failure, begin_run, peers_watched
@@ -195,7 +195,7 @@ class Loop:
     if step < self.total_steps:  # stopped (the warning above says how to resume): not finished
       logging.info('saved at step %d of %d after %s', step, self.total_steps, took)
     else:
-      logging.info('finished at step %d in %s', step, took)
+      logging.info('finished at step %d in %s; outputs in %s', step, took, self.workdir)
     return RunResult(method, state, step, last_eval, self.workdir, self.total_steps)
 
   def start(self) -> tuple[Any, int, tuple[float, int]]:
@@ -226,6 +226,7 @@ class Loop:
     variables = method.eval_variables(state)
     logging.info('model %s: %d blocks, %.3fM parameters', c.model, len(self.setup.model.block_names),
                  count_params(variables['params']) / 1e6)
+    logging.info('%s', describe_optimizer(c.optim))
     for line in method.describe(state):
       logging.info('%s', line)
     self.writer = MetricWriter(self.workdir, enabled=jax.process_index() == 0)

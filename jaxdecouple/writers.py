@@ -81,8 +81,8 @@ class MetricWriter:
     self._file = open(self.path, 'a', encoding='utf-8') if enabled else None
     self._tb = _tensorboard_writer(os.path.join(workdir, 'tensorboard')) if tensorboard and enabled else None
     if tensorboard and enabled and self._tb is None:
-      logging.info('no TensorBoard writer library installed (tensorboardX or tensorflow): '
-                   'metrics go to %s only', self.path)
+      logging.info('metrics go to %s (TensorBoard files too once tensorboardX or tensorflow is installed: '
+                   'optional)', self.path)
 
   def write(self, kind: str, step: int, **values) -> dict:
     record = {'kind': kind, 'step': int(step), 'time': round(time.time(), 3),

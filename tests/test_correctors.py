@@ -132,7 +132,7 @@ def test_what_a_corrector_keeps_is_bounded_by_the_schedule_and_logged(corrector,
     held = sum(x.nbytes for x in jax.tree.leaves(st.corrector))
     assert held == copies[k] * params and copies[k] <= pipeline.schedule.delay(k) + 1
     if k < 2:
-      assert f'corrector {corrector}' in lines[k + 1] and f'{copies[k]} copies' in lines[k + 1]
+      assert f'corrector {corrector}' in lines[k + 1] and f'{copies[k]} cop{"y" if copies[k] == 1 else "ies"} of' in lines[k + 1]
 
 
 def test_weight_prediction_makes_a_delayed_gradient_exact_on_a_quadratic():

@@ -257,3 +257,28 @@ def test_beta_cannot_act_through_a_scale_free_optimizer_and_the_start_up_log_say
     else:
       assert apart > 0.4 * moved and beta_note(c) is None, (name, apart, moved)
   assert beta_note(tiny_config(**{'optim.name': 'adamw', 'method': 'fdg'})) is None  # beta 1: nothing to say
+
+
+def test_the_start_up_log_names_the_optimizer_and_its_schedule(workdir, caplog):
+  """A run's log says what it trained with: the optimizer, its own settings and weight decay, and the schedule
+  (a config file may set what the command line did not); and where the outputs went when it finishes."""
+  import logging
+  from jaxdecouple.optim import describe
+  o = tiny_config().optim
+  assert describe(o) == (f'optimizer sgd (momentum {o.momentum}, nesterov {o.nesterov}, weight decay '
+                         f'{o.weight_decay}); lr {o.learning_rate}, x {o.decay_factor} at epoch {o.milestones[0]}')
+  nadam = tiny_config(**{'optim.name': 'adamw', 'optim.nesterov': True, 'optim.b1': 0.99,
+                         'optim.momentum_decay': 0.004, 'optim.milestones': (), 'optim.warmup': 'linear',
+                         'optim.warmup_epochs': 0.5}).optim
+  assert describe(nadam) == (f"optimizer adamw (b1 0.99, b2 {o.b2}, eps {o.eps}, nesterov True, momentum_decay 0.004 "
+                             f"(PyTorch's NAdam), weight decay {o.weight_decay}); lr {o.learning_rate} constant; "
+                             f"warm-up from {o.warmup_factor} x lr over 0.5 epochs")
+  muon = tiny_config(**{'optim.name': 'muon', 'optim.milestones': (), 'optim.decay_steps': 100.0,
+                        'optim.warmup': 'constant', 'optim.warmup_epochs': 1.0}).optim
+  assert describe(muon).startswith(f'optimizer muon (muon_beta {o.muon_beta}, ns_steps {o.ns_steps}, nesterov')
+  assert describe(muon).endswith(f'; lr {o.learning_rate} / sqrt(1 + t / 100.0); warm-up at lr {o.warmup_lr} '
+                                 'for 1.0 epochs')
+  with caplog.at_level(logging.INFO):
+    train_and_evaluate(tiny_config(max_steps=2), workdir)
+  assert describe(o) in caplog.text and f'finished at step 2 in' in caplog.text
+  assert f'; outputs in {workdir}' in caplog.text

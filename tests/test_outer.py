@@ -170,6 +170,7 @@ def test_resist_with_the_outer_optimizer_matches_the_reference(resist_outer_run)
   plain averaging's reference is far from it."""
   check_against_reference(resist_outer_run)
   assert set(resist_outer_run.state.outer) == {'anchor', 'momentum'}
+  assert not any('compressed' in line for line in resist_outer_run.method.describe(resist_outer_run.state))
   # step 5 is one step into a round: evaluation scores the anchor (where round 2 ended), not the workers' mean
   engine, state = resist_outer_run.method.engine, resist_outer_run.state
   evaluated = jax.device_get(resist_outer_run.method.eval_variables(state)['params'])
@@ -209,6 +210,10 @@ def test_a_resumed_outer_run_on_fewer_devices_matches_the_reference(workdir):
   assert result.method.engine.per_device == 2
   assert set(result.state.outer) == {'anchor', 'momentum', 'error', 'chunk_error'}
   check_against_reference(result)
+  lines = result.method.describe(result.state)  # the start-up log says what the round does beyond averaging
+  assert '  outer step (DiLoCo) at the end of each round: lr 0.7, momentum 0.9 (Nesterov)' in lines
+  assert ('  compressed updates of the shared layers: 8-bit and the largest 0.25 kept, error feedback on, exchanged '
+          'by two_stage') in lines
 
 
 # --- bad input --------------------------------------------------------------------------------------

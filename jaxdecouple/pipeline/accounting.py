@@ -37,7 +37,7 @@ def describe(pipeline: Pipeline, state: PipelineState) -> list[str]:
            f'({pipeline.keep}: {"their residuals" if pipeline.keep == "vjp" else "their inputs"})' if st.ring else '')
         + (f'; auxiliary head {count_params(st.aux.params) / 1e6:.3f}M params' if st.aux else '')
         + (f'; corrector {stage.corrector.kind} (staleness {stage.corrector.staleness:g}) keeps '
-           f'{corrector_bytes(st) / 1e6:.2f} MB, {stage.corrector.copies()} copies of its parameters'
+           f'{corrector_bytes(st) / 1e6:.2f} MB, {stage.corrector.copies()} cop{"y" if stage.corrector.copies() == 1 else "ies"} of its parameters'
            if stage.corrector is not None else ''))
   if s.local_heads:
     extra = sum(count_params(st.aux.params) for st in state.stages if st.aux)

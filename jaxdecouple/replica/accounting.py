@@ -42,6 +42,15 @@ def describe(engine: Replica, state: ReplicaState) -> list[str]:
   lines = [f'{s.num_workers} workers on {devices} device{"s" if devices > 1 else ""} ({engine.per_device} per device), '
            f'{s.local_steps} local iterations per round, batch {s.batch_size} per worker, '
            f'momentum {s.momentum}, BatchNorm {s.batch_norm} statistics']
+  if s.average and (s.outer_lr != 1 or s.outer_momentum):
+    lines.append(f'  outer step (DiLoCo) at the end of each round: lr {s.outer_lr}, momentum {s.outer_momentum}'
+                 f'{" (Nesterov)" if s.outer_nesterov and s.outer_momentum else ""}')
+  if s.compresses:
+    codec = ' and '.join(([f'{s.quantize_bits}-bit'] if s.quantize_bits else [])
+                         + ([f'the largest {s.sparsify:g} kept'] if s.sparsify else []))
+    lines.append(f'  compressed updates of the shared layers: {codec}, error feedback '
+                 f'{"on" if s.error_feedback else "off"}, exchanged by {s.update_exchange}' if s.compress == 'updates'
+                 else f'  compressed weights (the paper\'s A.5): {codec}')
   if layout.partitioned:
     groups = ', '.join(f'{g.names[0]}..{g.names[-1]}' if len(g.names) > 1 else g.names[0] for g in layout.groups)
     slots = ' + '.join(str(g.slots) for g in layout.groups)
