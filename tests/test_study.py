@@ -361,6 +361,11 @@ def test_time_left_goes_by_the_same_cell_then_column_then_study(tmp_path, capsys
   finish('B', 'M', 2, {}, [{'kind': 'eval', 'step': 8}])  # finished, no times to go by: not left, no estimate
   assert run_seconds(workdir, runs[-1]) is None
   assert time_left(study, workdir) == dict(left, runs=8, seconds=left['seconds'] - 90, by_column=5)
+  from jaxdecouple.study.left import left_line
+  assert left_line(study, workdir) == (
+      f'study t: 8 of 12 runs left, about {(left["seconds"] - 90) / 3600:.1f} h one after another, each estimated by '
+      'the median time of finished runs, on the machines that ran them, of 3 from the same cell (other seeds); 5 '
+      'from the same column; --jobs divides it by the processes the cores can carry')
   assert study_lib.main(['--study=tiny', f'--workdir={tmp_path / "none"}', '--left']) == 0
   assert capsys.readouterr().out == 'study tiny: 4 of 4 runs left (no finished run yet to estimate their time)\n'
 

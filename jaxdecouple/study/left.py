@@ -57,8 +57,10 @@ def left_line(study: Study, workdir: str) -> str:
     return f'study {study.name}: every run has finished'
   if c['unknown'] == c['runs']:
     return f'study {study.name}: {c["runs"]} of {len(study.runs)} runs left (no finished run yet to estimate their time)'
-  how = ', '.join(f'{c[k]} by {k[3:]}' for k in ('by_cell', 'by_column', 'by_study') if c[k])
-  unknown = f', {c["unknown"]} with nothing to go by' if c['unknown'] else ''
+  basis = {'by_cell': 'the same cell (other seeds)', 'by_column': 'the same column',
+           'by_study': 'the whole study (the roughest)'}
+  how = '; '.join(f'{c[k]} from {basis[k]}' for k in basis if c[k])
+  unknown = f'; {c["unknown"]} with nothing to go by' if c['unknown'] else ''
   return (f'study {study.name}: {c["runs"]} of {len(study.runs)} runs left, about {c["seconds"] / 3600:.1f} h one '
-          f'after another (estimated from the finished runs of the same cell, column or study on the machines '
-          f'that ran them: {how}{unknown}); --jobs divides it by the processes the cores can carry')
+          f'after another, each estimated by the median time of finished runs, on the machines that ran them, of '
+          f'{how}{unknown}; --jobs divides it by the processes the cores can carry')
