@@ -16,6 +16,10 @@ from jaxdecouple.pipeline.placement import is_local
 from jaxdecouple.pipeline.engine import Pipeline, PipelineState
 
 
+def copies(n: int) -> str:
+  return f'{n} cop{"y" if n == 1 else "ies"}'
+
+
 def describe(pipeline: Pipeline, state: PipelineState) -> list[str]:
   """The log's lines about the split, every stage and the schedule."""
   s = pipeline.schedule
@@ -37,7 +41,7 @@ def describe(pipeline: Pipeline, state: PipelineState) -> list[str]:
            f'({pipeline.keep}: {"their residuals" if pipeline.keep == "vjp" else "their inputs"})' if st.ring else '')
         + (f'; auxiliary head {count_params(st.aux.params) / 1e6:.3f}M params' if st.aux else '')
         + (f'; corrector {stage.corrector.kind} (staleness {stage.corrector.staleness:g}) keeps '
-           f'{corrector_bytes(st) / 1e6:.2f} MB, {stage.corrector.copies()} cop{"y" if stage.corrector.copies() == 1 else "ies"} of its parameters'
+           f'{corrector_bytes(st) / 1e6:.2f} MB, {copies(stage.corrector.copies())} of its parameters'
            if stage.corrector is not None else ''))
   if s.local_heads:
     extra = sum(count_params(st.aux.params) for st in state.stages if st.aux)
