@@ -278,7 +278,8 @@ def test_the_start_up_log_names_the_optimizer_and_its_schedule(workdir, caplog):
   assert describe(muon).startswith(f'optimizer muon (muon_beta {o.muon_beta}, ns_steps {o.ns_steps}, nesterov')
   assert describe(muon).endswith(f'; lr {o.learning_rate} / sqrt(1 + t / 100.0); warm-up at lr {o.warmup_lr} '
                                  'for 1.0 epochs')
-  with caplog.at_level(logging.INFO):
+  # absl's logger has a level of its own (the study CLI's use_absl_handler sets it from absl's verbosity)
+  with caplog.at_level(logging.INFO), caplog.at_level(logging.INFO, logger='absl'):
     train_and_evaluate(tiny_config(max_steps=2), workdir)
   assert describe(o) in caplog.text and f'finished at step 2 in' in caplog.text
   assert f'; outputs in {workdir}' in caplog.text
