@@ -107,6 +107,7 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.pipeline.dc_lambda = 0.04  # dc: lambda of DC-ASGD's g*g*(w_now - w_then) term
   c.pipeline.lr_anneal_epochs = 7.0  # pipemare_lr: epochs over which the per-stage division by delay fades
   c.pipeline.nesterov_gamma = 0.99   # nesterov: the look-ahead's momentum gamma (AsyncPP)
+  c.pipeline.nesterov_lr_scale = 1.0  # nesterov: its rate times this (eq. 10: 1; 1 / (1 - optim.momentum): SGD's step)
   c.pipeline.diagnose_every_steps = 0  # > 0: every N steps, each stage's applied gradient against BP's
                                        # (cosine, norm ratio) as kind "diagnose" lines; 0: off
 

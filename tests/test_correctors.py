@@ -29,7 +29,7 @@ def tree(f, *trees):
   return jax.tree.map(f, *trees)
 
 
-def reference(config, corrector, dc_lambda=0.0, anneal=1, gamma=0.0, staleness_offset=0):
+def reference(config, corrector, dc_lambda=0.0, anneal=1, gamma=0.0, staleness_offset=0, scale=1.0):
   """FDG K stages, each non-last stage with ``corrector``; plain SGD (5e-4 weight decay, momentum 0.9)."""
   K, beta = config.pipeline.num_stages, config.pipeline.beta
   ref = SequentialStages(config)
@@ -45,7 +45,7 @@ def reference(config, corrector, dc_lambda=0.0, anneal=1, gamma=0.0, staleness_o
       first = 2 * K - 2 - k  # stage k's first backward (and update) in FDG
       lr = lr * max(1.0, staleness[k]) ** -(1 - min(max(t - first, 0) / anneal, 1.0))
     if corrector == 'nesterov':
-      new = tree(lambda w, d, g: w + gamma * d - lr * (1 - gamma) * (g + 5e-4 * w), w, last_step[k], g)
+      new = tree(lambda w, d, g: w + gamma * d - scale * lr * (1 - gamma) * (g + 5e-4 * w), w, last_step[k], g)
     else:
       ref.sgd(k, g, lr)
       new = ref.params[k]
@@ -108,6 +108,29 @@ def test_each_corrector_matches_its_definition(corrector, workdir):
   assert_diagnostics_finite(workdir)
   with pytest.raises(AssertionError, match='max error'):
     assert_trees_close(result.variables, reference(config, corrector, **wrong), tol=5e-4)
+
+
+def test_nesterov_rate_scale_matches_its_definition(workdir):
+  """``pipeline.nesterov_lr_scale`` c: the update W + γΔ - c·η(1 - γ)(g + wd·W); sharp against c = 1."""
+  config = corrected_config(3, 'nesterov', **{'pipeline.nesterov_gamma': 0.9, 'pipeline.nesterov_lr_scale': 10.0})
+  result = train_and_evaluate(config, workdir)
+  assert_trees_close(result.variables, reference(config, 'nesterov', gamma=0.9, scale=10.0), tol=5e-4)
+  with pytest.raises(AssertionError, match='max error'):
+    assert_trees_close(result.variables, reference(config, 'nesterov', gamma=0.9), tol=5e-4)
+
+
+def test_nesterov_scale_one_over_one_minus_momentum_gives_sgds_steady_step():
+  """Why the scale: under a constant gradient g, SGD with momentum μ (PyTorch's buffer) tends to steps of
+  η·g / (1 - μ), eq. 10 to c·η·g; with c = 1 / (1 - μ) the two agree."""
+  mu, lr, gamma, g = 0.9, 0.1, 0.99, {'w': jnp.ones(3, jnp.float32)}
+  buf, step = jnp.zeros(3), {'w': jnp.zeros(3, jnp.float32)}
+  corrector = Corrector('nesterov', 1, 1, gamma=gamma, lr_scale=1 / (1 - mu))
+  origin = {'w': jnp.zeros(3, jnp.float32)}  # without weight decay the step does not depend on W: kept at 0
+  for _ in range(3000):                        # so that float32 rounding of a growing W stays out of the step
+    buf = mu * buf + g['w']
+    _, step = corrector.nesterov_update(g, origin, step, lr)
+  np.testing.assert_allclose(step['w'], -lr * buf, rtol=1e-3)
+  np.testing.assert_allclose(step['w'], -lr / (1 - mu) * g['w'], rtol=1e-3)
 
 
 def test_no_corrector_is_plain_fdg(workdir, tmp_path):
@@ -188,6 +211,10 @@ def test_diagnostics_show_prediction_raising_the_cosine(tmp_path):
     ({'method': 'fdg', 'pipeline.dc_lambda': 0.1}, 'pipeline.dc_lambda'),
     ({'method': 'fdg', 'pipeline.corrector': 'predict', 'pipeline.lr_anneal_epochs': 3.0}, 'pipeline.lr_anneal_epochs'),
     ({'method': 'adl', 'pipeline.corrector': 'dc', 'pipeline.nesterov_gamma': 0.9}, 'pipeline.nesterov_gamma'),
+    ({'method': 'fdg', 'pipeline.corrector': 'nesterov', 'pipeline.nesterov_lr_scale': 0.0},
+     'pipeline.nesterov_lr_scale'),
+    ({'method': 'fdg', 'pipeline.corrector': 'predict', 'pipeline.nesterov_lr_scale': 10.0},
+     'pipeline.nesterov_lr_scale'),
 ])
 def test_bad_corrector_settings_name_the_field(overrides, field):
   with pytest.raises(ConfigError, match=field.replace('.', r'\.')):

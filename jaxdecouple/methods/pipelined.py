@@ -26,7 +26,8 @@ from jaxdecouple.pipeline.placement import is_local
 # divides by the gradient's norm (up to its weight-decay term: 0.2% of the step at 5e-4, tests/test_optimizers.py).
 SCALE_FREE_OPTIMIZERS = ('adamw', 'lamb', 'lars', 'muon')
 # each corrector's own setting: refused with another corrector, which would ignore it
-CORRECTOR_FIELDS = {'dc_lambda': 'dc', 'lr_anneal_epochs': 'pipemare_lr', 'nesterov_gamma': 'nesterov'}
+CORRECTOR_FIELDS = {'dc_lambda': 'dc', 'lr_anneal_epochs': 'pipemare_lr', 'nesterov_gamma': 'nesterov',
+                    'nesterov_lr_scale': 'nesterov'}
 
 
 def beta_note(config) -> str | None:
@@ -109,6 +110,9 @@ class PipelineMethod(Method):
            "what AsyncPP's code runs)")
     if not 0 <= p.nesterov_gamma < 1:
       fail('pipeline.nesterov_gamma', f'must be in [0, 1), got {p.nesterov_gamma}')
+    if not p.nesterov_lr_scale > 0:
+      fail('pipeline.nesterov_lr_scale', f'must be positive (1: AsyncPP\'s eq. 10; 1 / (1 - optim.momentum): '
+           f'SGD\'s steady step), got {p.nesterov_lr_scale}')
     blocks = len(build_model(config.model, 10).block_names)
     if p.num_stages > blocks:
       fail('pipeline.num_stages', f'{config.model} has {blocks} blocks, so at most {blocks} stages')
@@ -147,7 +151,7 @@ class PipelineMethod(Method):
       fail('pipeline.split', str(e))
     s = self.setup
     corrector = Corrector(p.corrector, 0, 0, p.dc_lambda, max(1, round(p.lr_anneal_epochs * s.steps_per_epoch)),
-                          p.nesterov_gamma, s.config.optim.weight_decay)
+                          p.nesterov_gamma, s.config.optim.weight_decay, p.nesterov_lr_scale)
     return Pipeline(s.model, split, self.schedule(p.num_stages), self._devices, keep=self.keep or p.keep,
                     beta=p.beta, optimizer=s.optimizer, lr=s.schedule,
                     inputs=lambda images, step: train_inputs(images, step, s.config.seed, s.preprocess),

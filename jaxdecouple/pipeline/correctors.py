@@ -21,8 +21,11 @@ pipemare_lr  PipeMare's learning-rate rescheduling (Yang et al., MLSys 2021, arX
              T steps. Keeps nothing.
 nesterov     the Nesterov look-ahead for delayed stages (Ajanthan et al., ICML 2025, arXiv 2505.01099, eq.
              10): d_t = γ·Δ_t; the forward at the look-ahead point W_t + d_t; the update W_{t+1} = W_t + d_t
-             - η_t·(1 - γ)·(g + wd·W_t), wd the optimizer's weight decay (coupled, as SGD's); it replaces
-             the optimizer on the delayed stages. Keeps Δ (one copy).
+             - c·η_t·(1 - γ)·(g + wd·W_t), wd the optimizer's weight decay (coupled, as SGD's), c the rate's
+             scale (``lr_scale``, 1 in eq. 10); it replaces the optimizer on the delayed stages. Keeps Δ
+             (one copy). Why c: under a steady gradient eq. 10's step tends to c·η·g, SGD's with momentum μ
+             (PyTorch's buffer) to η·g / (1 - μ); at the same η the delayed stages would move 1 - μ times as
+             far as the last stage (a tenth at μ = 0.9), and c = 1 / (1 - μ) gives them SGD's step.
 """
 from __future__ import annotations
 
@@ -53,6 +56,7 @@ class Corrector:
   anneal_steps: int = 1
   gamma: float = 0.99
   weight_decay: float = 0.0
+  lr_scale: float = 1.0
 
   def __post_init__(self):
     if self.kind not in CORRECTORS:
@@ -99,7 +103,7 @@ class Corrector:
     return lr * jnp.float32(max(1.0, self.staleness)) ** -(1.0 - progress)
 
   def nesterov_update(self, grads, params, last_update, lr):
-    """AsyncPP's eq. 10: W + γΔ - η(1 - γ)(g + wd·W). Returns (new parameters, their step Δ)."""
-    g, wd = jnp.float32(self.gamma), jnp.float32(self.weight_decay)
-    new = jax.tree.map(lambda w, d, gr: w + g * d - lr * (1 - g) * (gr + wd * w), params, last_update, grads)
+    """AsyncPP's eq. 10: W + γΔ - c·η(1 - γ)(g + wd·W). Returns (new parameters, their step Δ)."""
+    g, wd, rate = jnp.float32(self.gamma), jnp.float32(self.weight_decay), lr * jnp.float32(self.lr_scale)
+    new = jax.tree.map(lambda w, d, gr: w + g * d - rate * (1 - g) * (gr + wd * w), params, last_update, grads)
     return new, jax.tree.map(jnp.subtract, new, params)
