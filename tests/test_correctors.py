@@ -115,6 +115,7 @@ def test_nesterov_rate_scale_matches_its_definition(workdir):
   config = corrected_config(3, 'nesterov', **{'pipeline.nesterov_gamma': 0.9, 'pipeline.nesterov_lr_scale': 10.0})
   result = train_and_evaluate(config, workdir)
   assert_trees_close(result.variables, reference(config, 'nesterov', gamma=0.9, scale=10.0), tol=5e-4)
+  assert 'corrector nesterov (gamma 0.9, rate x10, staleness 3)' in result.method.describe(result.state)[1]
   with pytest.raises(AssertionError, match='max error'):
     assert_trees_close(result.variables, reference(config, 'nesterov', gamma=0.9), tol=5e-4)
 

@@ -40,7 +40,8 @@ def describe(pipeline: Pipeline, state: PipelineState) -> list[str]:
         + (f'; keeps {ring_bytes(st) / 1e6:.1f} MB for the {len(st.ring)} forwards in flight '
            f'({pipeline.keep}: {"their residuals" if pipeline.keep == "vjp" else "their inputs"})' if st.ring else '')
         + (f'; auxiliary head {count_params(st.aux.params) / 1e6:.3f}M params' if st.aux else '')
-        + (f'; corrector {stage.corrector.kind} (staleness {stage.corrector.staleness:g}) keeps '
+        + (f'; corrector {stage.corrector.kind} ({stage.corrector.settings()}staleness '
+           f'{stage.corrector.staleness:g}) keeps '
            f'{corrector_bytes(st) / 1e6:.2f} MB, {copies(stage.corrector.copies())} of its parameters'
            if stage.corrector is not None else ''))
   if s.local_heads:

@@ -70,6 +70,11 @@ class Corrector:
   def keeps_then(self) -> bool:
     return self.kind == 'dc'
 
+  def settings(self) -> str:
+    """Its own settings, as the start-up log names them."""
+    return {'dc': f'lambda {self.dc_lambda:g}, ', 'pipemare_lr': f'annealed over {self.anneal_steps} steps, ',
+            'nesterov': f'gamma {self.gamma:g}, rate x{self.lr_scale:g}, '}.get(self.kind, '')
+
   def copies(self) -> int:
     """How many copies of the stage's parameters it keeps: at most the schedule's delay."""
     return int(self.keeps_last_update) + (self.delay if self.keeps_then else 0)
