@@ -6,8 +6,8 @@ python main.py --config=configs/fdg_resnet56_k4_corrected.py --config.data.path=
 
 The study (docs/RESULTS.md, CPU, ResNet-8 on CIFAR-10, 30 epochs, K=4, against BP's and plain FDG's 3 seeds):
 gap to BP in test error, the median of the per-seed differences, +0.33 points with predict (3 seeds: +0.22,
-+0.33, +1.09; plain FDG's +0.57, +0.72, +0.82: better on 2 of 3 seeds), just outside the issue's 0.3; dc +0.85
-(2 seeds: +0.42, +1.28); one seed each of the others: +1.39 with pipemare_lr, +3.88 with nesterov as AsyncPP's
++0.33, +1.09; plain FDG's +0.57, +0.72, +0.82: better on 2 of 3 seeds), just outside the issue's 0.3; dc +0.88
+(3 seeds: +0.42, +1.28, +0.88); one seed each of the others: +1.39 with pipemare_lr, +3.88 with nesterov as AsyncPP's
 eq. 10 is written, +0.09 with nesterov at SGD's steady step (pipeline.nesterov_lr_scale=10: eq. 10 at SGD's rate
 moves the delayed stages a tenth as far). Seeds 1 and 2 of that setting are the study's next runs; until they
 are in, predict is the choice with 3 seeds behind it. Weight prediction keeps one copy of each delayed stage's
