@@ -93,8 +93,8 @@ def study() -> Study:
           "FDG at K=4 ends 18.44, below SGD's BP and below every SGD corrector (predict 19.90), a gap of +0.37 (2 "
           "seeds), smaller than SGD's +0.72. So the check (Muon's gap at most half of AdamW's) reads no because "
           "AdamW's gap is near zero, not because Muon's is large; a fair test of arXiv 2606.30634's finding on a CNN "
-          "would tune AdamW's rate on BP first. For K=4 on a CNN, Muon is the strongest setting here.",
+          "would tune AdamW's rate on BP first. At K=4 on ResNet-8, Muon is the strongest setting here (configs/fdg_resnet56_k4_muon.py).",
           "FDG at K=4 on ResNet-14, seed 0 (2026-11-27): 16.00 against BP's 15.46 on that seed, a gap of +0.54 "
           "against ResNet-8's +0.72 (3 seeds); at K=2 depth closed the gap to +0.02. Its training error is 13.19 "
           "against BP's 12.19, its test-minus-training difference narrower (+2.81 against +3.55). One seed: seeds 1 "
-          "and 2 are still to run (about 50 minutes each on one AMD EPYC core), and the Muon row's third seed."))
+          "and 2 are still to run (about 60 minutes each on one AMD EPYC core), and the Muon row's third seed."))
