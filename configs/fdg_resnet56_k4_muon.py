@@ -5,7 +5,7 @@ cpu_cifar10_correctors, in test error, though not in gap to its own BP.
 python main.py --config=configs/fdg_resnet56_k4_muon.py --config.data.path=cifar10.npz
 
 The study (docs/RESULTS.md, CPU, ResNet-8 on CIFAR-10, 30 epochs, K=4, lr 0.02 and weight decay 0.05 as here,
-neither tuned): Muon's BP 18.07% and FDG 18.44% test error (medians of 2 seeds), a gap of +0.37 points; SGD's
+neither tuned): Muon's BP 18.03% and FDG 18.52% test error (medians of 3 seeds), a gap of +0.52 points; SGD's
 BP 19.40% and plain FDG 20.22% (+0.72), SGD with weight prediction 19.90% (+0.33,
 configs/fdg_resnet56_k4_corrected.py). So FDG with Muon ends below SGD's BP there. Muon divides FDG's beta out
 (it orthogonalises its momentum), so beta is 1 here: the delayed gradients are applied unshrunk. Muon updates

@@ -89,12 +89,12 @@ def study() -> Study:
           'by the gradient\'s running size, Muon orthogonalises its momentum), so their FDG runs apply the delayed '
           "gradients unshrunk. AdamW's FDG gap is +0.04 over 3 seeds, but its BP is a weak yardstick: 23.15 (seeds "
           "23.06 to 23.70), far behind SGD's 19.40, with a training error of 21.76 against SGD's 18.12: at this rate "
-          "AdamW underfits whether its gradients are fresh or stale. Muon's BP is the best on ResNet-8, 18.07, and its "
-          "FDG at K=4 ends 18.44, below SGD's BP and below every SGD corrector (predict 19.90), a gap of +0.37 (2 "
+          "AdamW underfits whether its gradients are fresh or stale. Muon's BP is the best on ResNet-8, 18.03, and its "
+          "FDG at K=4 ends 18.52, below SGD's BP and below every SGD corrector (predict 19.90), a gap of +0.52 (3 "
           "seeds), smaller than SGD's +0.72. So the check (Muon's gap at most half of AdamW's) reads no because "
           "AdamW's gap is near zero, not because Muon's is large; a fair test of arXiv 2606.30634's finding on a CNN "
           "would tune AdamW's rate on BP first. At K=4 on ResNet-8, Muon is the strongest setting here (configs/fdg_resnet56_k4_muon.py).",
           "FDG at K=4 on ResNet-14, seed 0 (2026-11-27): 16.00 against BP's 15.46 on that seed, a gap of +0.54 "
           "against ResNet-8's +0.72 (3 seeds); at K=2 depth closed the gap to +0.02. Its training error is 13.19 "
           "against BP's 12.19, its test-minus-training difference narrower (+2.81 against +3.55). One seed: seeds 1 "
-          "and 2 are still to run (about 60 minutes each on one AMD EPYC core), and the Muon row's third seed."))
+          "and 2 are still to run (about 60 minutes each on one AMD EPYC core)."))
