@@ -88,9 +88,11 @@ def meet(what: str, timeout_s: float = 600.0) -> None:
                          'checkpoint all of them hold') from None
 
 
-# Words of the runtime's errors when a peer went away (gloo's sockets, the coordination service).
+# Words of the runtime's errors when a peer went away (gloo's sockets, the coordination service). Which one a
+# survivor meets depends on where its transfer was when the peer died: a fetch of a value whose transfer had
+# begun fails in recv() with ENOTCONN ('Transport endpoint is not connected', seen on an AMD EPYC host).
 PEER_LOST = ('connection reset', 'connection closed', 'connection refused', 'broken pipe', 'socket closed',
-             'heartbeat', 'unavailable')
+             'not connected', 'recv() failed', 'send() failed', 'heartbeat', 'unavailable')
 
 
 def missing_processes(wait_s: float) -> list[int] | None:

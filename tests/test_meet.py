@@ -90,3 +90,27 @@ def test_a_wait_that_the_watchs_leaving_breaks_says_nothing_more(as_process_0_of
     processes.meet('the transfers', timeout_s=0.1)
   assert told == [str(e.value)] and 'process 1 did not finish the transfers' in told[0]
   assert slept == [processes.STOPPING_WAIT_S]  # no wait without a stop under way
+
+
+@pytest.mark.parametrize('text', ['UNAVAILABLE: Connection reset by peer',
+                                  'INTERNAL: -1 = recv() failed errno: 107 err: Transport endpoint is not connected',
+                                  'INTERNAL: Gloo send() failed: Broken pipe'])
+def test_a_transfer_whose_peer_died_becomes_one_line_naming_it(as_process_0_of_2, text):
+  """Whatever words the runtime's error has when the other process died mid-transfer (gloo's, as seen in CI
+  and here), the survivor stops with one line naming process 1. Before, the
+  ENOTCONN of a fetch whose transfer had begun passed through as a traceback, and JAX's shutdown then
+  aborted the process (-6) at its heartbeat timeout."""
+  import jax
+  as_process_0_of_2(FakeStore())
+  with pytest.raises(ProcessError) as e, processes.peers_watched(20.0):
+    raise jax.errors.JaxRuntimeError(text)
+  line = str(e.value)
+  assert '\n' not in line and line.startswith('process 1 stopped answering during a collective or transfer')
+  assert '--workdir' in line
+
+
+def test_a_runtime_error_of_this_process_passes_through_unchanged(as_process_0_of_2):
+  import jax
+  as_process_0_of_2(FakeStore())
+  with pytest.raises(jax.errors.JaxRuntimeError, match='RESOURCE_EXHAUSTED'), processes.peers_watched(20.0):
+    raise jax.errors.JaxRuntimeError('RESOURCE_EXHAUSTED: out of memory allocating 4 GiB')
