@@ -94,7 +94,11 @@ def study() -> Study:
           "seeds), smaller than SGD's +0.72. So the check (Muon's gap at most half of AdamW's) reads no because "
           "AdamW's gap is near zero, not because Muon's is large; a fair test of arXiv 2606.30634's finding on a CNN "
           "would tune AdamW's rate on BP first. At K=4 on ResNet-8, Muon is the strongest setting here (configs/fdg_resnet56_k4_muon.py).",
-          "FDG at K=4 on ResNet-14, seed 0 (2026-11-27): 16.00 against BP's 15.46 on that seed, a gap of +0.54 "
-          "against ResNet-8's +0.72 (3 seeds); at K=2 depth closed the gap to +0.02. Its training error is 13.19 "
-          "against BP's 12.19, its test-minus-training difference narrower (+2.81 against +3.55). One seed: seeds 1 "
-          "and 2 are still to run (about 60 minutes each on one AMD EPYC core)."))
+          "FDG at K=4 on ResNet-14, 3 seeds (2026-11-28): 15.74 (seeds 15.58 to 16.00) against BP's 15.61 (15.46 "
+          "to 15.75), a median paired gap of +0.13 against ResNet-8's +0.72. As at K=2 (+0.02 against +0.35), depth "
+          "closes most of the gap: plain FDG at K=4 on ResNet-14 falls within the 0.3 points that no corrector "
+          "reached on ResNet-8, and the seeds move each method more than the methods differ (on one seed FDG ends "
+          "below BP). Its training error is 12.75 against BP's 12.19 and its test-minus-training difference "
+          "narrower (+2.83 against +3.55): the stale gradients cost a little optimisation and nothing between "
+          "training and test. So a corrector matters at K=4 on a shallow network that underfits (ResNet-8); on the "
+          "deeper one plain FDG is close to BP already."))
