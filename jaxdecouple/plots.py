@@ -6,6 +6,7 @@
     plot_diagnostics('workdirs/fdg', path='staleness.png')  # pipeline.diagnose_every_steps lines
     plot_wallclock({'BP': ['workdirs/bp'], 'FDG': ['workdirs/fdg']}, path='wallclock.png')  # against seconds
     plot_timeline('workdirs/1f1b', path='timeline.png')  # a pipeline's passes as they really ran (profile steps)
+    plot_sweep(sweep_data(study, workdir), 'beta')  # a swept setting (jaxdecouple.study.sweep), as the papers draw it
 
 Used by the quickstart notebook and by the reproduction report.
 """
@@ -311,6 +312,44 @@ def plot_curves(runs: Sequence[str] | Mapping[str, str | Sequence[str]], path: s
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # whole epochs
   # One legend, right of both panels, so it never covers a curve.
   fig.legend(*ax_err.get_legend_handles_labels(), loc='center left', bbox_to_anchor=(1.0, 0.5))
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  return _save(fig, path)
+
+
+def plot_sweep(data: Mapping, label: str, log_x: bool = False, path: str | None = None, title: str | None = None):
+  """A swept setting as the papers draw it (``jaxdecouple.study.sweep.sweep_data``'s numbers): left, each series'
+  test error (%) against the setting, the median of the seeds with their range as bars, its baseline's median as
+  a dashed line with its range as a band; right, the gap to that baseline paired by seed (ours, points) beside
+  the paper's where it prints one (open squares): the shape over the setting, the papers' scale aside."""
+  plt = _figure_backend(path)
+  fig, (ax_err, ax_gap) = plt.subplots(1, 2, figsize=(10, 3.8))
+  for i, (series, points) in enumerate(data['series'].items()):
+    xs = [x for x, _ in points]
+    medians = [statistics.median(e) for _, e in points]
+    low = [m - min(e) for m, (_, e) in zip(medians, points)]
+    high = [max(e) - m for m, (_, e) in zip(medians, points)]
+    ax_err.errorbar(xs, medians, yerr=[low, high], marker='o', capsize=3, color=f'C{i}', label=series)
+    if series in data['baselines'] and data['baselines'][series][1]:
+      name, errors = data['baselines'][series]
+      ax_err.axhline(statistics.median(errors), color=f'C{i}', linestyle='--', label=f'{name} (the baseline)')
+      ax_err.axhspan(min(errors), max(errors), color=f'C{i}', alpha=0.1, linewidth=0)
+    if data['gaps'].get(series):
+      ax_gap.plot([x for x, *_ in data['gaps'][series]], [g for _, g, _ in data['gaps'][series]], marker='o',
+                  color=f'C{i}', label=f'{series}: ours (median paired gap)')
+    if data['paper_gaps'].get(series):
+      ax_gap.plot([x for x, _ in data['paper_gaps'][series]], [g for _, g in data['paper_gaps'][series]],
+                  marker='s', markerfacecolor='none', linestyle='none', markersize=8, color=f'C{i}',
+                  label=f'{series}: the paper (its own network)')
+  ax_gap.axhline(0.0, color='0.5', linewidth=0.8)
+  ax_err.set(xlabel=label, ylabel='test error (%)')
+  ax_gap.set(xlabel=label, ylabel='gap to the baseline (points)')
+  for ax in (ax_err, ax_gap):
+    ax.grid(alpha=0.3)
+    if log_x:
+      ax.set_xscale('log')
+    ax.legend(fontsize='small')
   if title:
     fig.suptitle(title)
   fig.tight_layout()

@@ -695,3 +695,60 @@ def test_the_budget_table_matches_each_column_to_its_rounds_bytes(tmp_path):
   assert '| preact_tiny_s3_9, S=4 | ResIST 8-bit | 0.100 | 0.25 | 0.200 | 25.00, n=1 |' in lines
   assert not any('6-bit' in line for line in lines)  # no record of 6 bits
   assert budget_table(study_lib.STUDIES['cpu_cifar10_resist_compressed'](), str(tmp_path / 'none')) == []
+
+
+def test_a_swept_setting_gets_its_numbers_and_its_figure(tmp_path):
+  """``Study.sweep`` (FDG's beta, ResIST's local iterations): per series and value, the finished seeds' errors,
+  the gap to the row's baseline paired by seed and the paper's gap, worked out here from the records; the
+  report draws them; a sweep naming a cell the study has no runs for is refused."""
+  from jaxdecouple.study.core import Sweep
+  from jaxdecouple.study.sweep import sweep_data
+  runs = tuple(study_lib.Run('A', col, seed, build=None) for col in ('BP', 'M x=1', 'M x=2') for seed in (0, 1, 2))
+  accuracy = {('BP', 0): 0.80, ('BP', 1): 0.81, ('BP', 2): 0.79, ('M x=1', 0): 0.78, ('M x=1', 1): 0.80,
+              ('M x=2', 0): 0.795, ('M x=2', 1): 0.785, ('M x=2', 2): 0.80}  # M x=1 seed 2 unfinished
+  workdir = str(tmp_path / 'w')
+  for run in runs:
+    if (run.column, run.seed) in accuracy:
+      os.makedirs(study_lib.run_dir(workdir, run))
+      last = {'step': 8, 'test_accuracy': accuracy[(run.column, run.seed)]}
+      with open(os.path.join(study_lib.run_dir(workdir, run), 'finished.json'), 'w') as f:
+        json.dump(last, f)
+      with open(os.path.join(study_lib.run_dir(workdir, run), 'metrics.jsonl'), 'w') as f:  # for the curves
+        f.writelines(json.dumps(m) + '\n' for m in ({'kind': 'train', 'step': 8, 'train_loss': 1.0},
+                                                    {'kind': 'eval', 'epoch': 1.0, 'epoch_time_s': 2.0, **last}))
+  sweep = Sweep('x', {('A', 'M x=2'): ('M', 2.0), ('A', 'M x=1'): ('M', 1.0)})
+  study = study_lib.Study('swept', 'Swept', 'd', 'r', runs, paper={('A', 'BP'): 7.0, ('A', 'M x=1'): 7.5},
+                          sweep=sweep)
+  data = sweep_data(study, workdir)
+  err = lambda col, seed: 100 * (1 - accuracy[(col, seed)])
+  assert [x for x, _ in data['series']['M']] == [1.0, 2.0]  # in the order of the values
+  assert data['series']['M'][0][1] == pytest.approx([err('M x=1', 0), err('M x=1', 1)])
+  assert data['series']['M'][1][1] == pytest.approx([err('M x=2', s) for s in range(3)])
+  assert data['baselines']['M'][0] == 'BP' and data['baselines']['M'][1] == pytest.approx([err('BP', s) for s in range(3)])
+  paired_1 = [err('M x=1', s) - err('BP', s) for s in (0, 1)]  # two seeds: the median is the mean
+  paired_2 = sorted(err('M x=2', s) - err('BP', s) for s in range(3))[1]
+  assert [(x, round(g, 9), n) for x, g, n in data['gaps']['M']] == [(1.0, round(sum(paired_1) / 2, 9), 2),
+                                                                   (2.0, round(paired_2, 9), 3)]
+  assert data['paper_gaps']['M'] == [(1.0, 0.5)]  # the paper prints x=1 and BP only
+  results, figures = str(tmp_path / 'docs' / 'RESULTS.md'), str(tmp_path / 'docs' / 'figures')
+  text = study_lib.report(study, workdir, results, figures, 'CMD')
+  assert '](figures/swept_sweep.png)' in text and os.path.exists(os.path.join(figures, 'swept_sweep.png'))
+  with pytest.raises(ValueError, match=r"sweep names cells it has no runs for: \[\('A', 'M x=3'\)\]"):
+    sweep_data(dataclasses.replace(study, sweep=Sweep('x', {('A', 'M x=3'): ('M', 3.0)})), workdir)
+  # swept over rows (ResIST's L: each row has its own baseline): no baseline line, each row's own gap, and the
+  # baseline's own cells drawn without a gap
+  rows_swept = dataclasses.replace(study, runs=runs + tuple(study_lib.Run('B', col, 0, build=None) for col in ('BP', 'M x=1')),
+                                   sweep=Sweep('x', {('A', 'M x=1'): ('M', 1.0), ('B', 'M x=1'): ('M', 3.0),
+                                                     ('A', 'BP'): ('BP', 1.0), ('B', 'BP'): ('BP', 3.0)}))
+  for run, acc in zip(rows_swept.runs[-2:], (0.70, 0.72)):
+    os.makedirs(study_lib.run_dir(workdir, run))
+    with open(os.path.join(study_lib.run_dir(workdir, run), 'finished.json'), 'w') as f:
+      json.dump({'step': 8, 'test_accuracy': acc}, f)
+  data = sweep_data(rows_swept, workdir)
+  assert data['baselines'] == {} and 'BP' not in data['gaps'] and [x for x, _ in data['series']['BP']] == [1.0, 3.0]
+  assert [(x, n) for x, _, n in data['gaps']['M']] == [(1.0, 2), (3.0, 1)]
+  assert data['gaps']['M'][1][1] == pytest.approx(100 * (0.70 - 0.72))
+  for name, make in study_lib.STUDIES.items():  # every study's sweep names its own cells
+    if (defined := make()).sweep is not None:
+      assert sweep_data(defined, str(tmp_path / 'empty')) == {'series': {}, 'gaps': {}, 'paper_gaps': {},
+                                                              'baselines': {}}, name

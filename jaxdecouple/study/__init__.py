@@ -19,11 +19,11 @@ The report puts every finished run into a table laid out like the paper's (rows:
 or S; columns: methods; cells: test error %, median over seeds with the range), the paper's numbers
 beside ours, each method's gap to its row's baseline (paired by seed) with the paper's gap, the
 study's checks (targets and the papers' findings: met, missed or waiting for runs) and learning curves
-per row, with the machine, data, recipe, seeds, dates and the command that regenerates it.
+per row, a swept setting's figure as the paper draws it (``Study.sweep``: FDG's beta, ResIST's L), with the machine, data, recipe, seeds, dates and the command that regenerates it.
 
 The package: core.py (what a study is), definitions/ (the studies, a short file each), runner.py
 (processes, claims, pinning, logs), the report (report.py puts it together from machines.py, gaps.py:
-final errors, gaps and checks, curves.py: tables from the learning curves, and figures.py), left.py (how
+final errors, gaps and checks, curves.py: tables from the learning curves, sweep.py: a swept setting's numbers, and figures.py), left.py (how
 many runs are left and about how long they take: ``--left``), cli.py (this command); the papers' numbers come
 from jaxdecouple/papers.py.
 """

@@ -6,7 +6,7 @@ import json
 import os
 import re
 import sys
-from typing import Callable
+from typing import Callable, Mapping
 
 from jaxdecouple.data.text import TEXT_DATASETS
 
@@ -80,6 +80,17 @@ class Claim:
 
 
 @dataclasses.dataclass(frozen=True)
+class Sweep:
+  """A setting swept over cells, drawn as the paper draws it (FDG's Figure 4a: test error over beta; ResIST's
+  Figure 7: over the local iterations): ``points`` maps a cell (row, column) to its series and its value of the
+  swept setting; the figure has each series' test error against that value beside its gap to the row's baseline,
+  the paper's gap where it prints one."""
+  label: str  # the swept setting, the x axis ('beta', 'local iterations L')
+  points: Mapping[tuple[str, str], tuple[str, float]]  # (row, column) -> (series, value)
+  log_x: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class Study:
   name: str
   title: str
@@ -102,6 +113,7 @@ class Study:
   # READING in the report; every figure they quote must stand in the section's tables (a test checks), so
   # a reading that new runs have made stale fails the tests instead of misleading.
   reading: tuple[str, ...] = ()
+  sweep: Sweep | None = None  # a setting swept over cells: its figure (``Sweep``)
 
   @property
   def needs_data_path(self) -> bool:

@@ -1,5 +1,6 @@
 """The report's figures, per row: learning curves, test error against training seconds and, where pipeline
-runs recorded staleness diagnostics, each stage's gradient against BP's. Apart from the tables because it
+runs recorded staleness diagnostics, each stage's gradient against BP's; and a swept setting's figure
+(``Study.sweep``). Apart from the tables because it
 writes image files (through matplotlib, imported only here) and the markdown lines that show them.
 """
 from __future__ import annotations
@@ -10,6 +11,7 @@ import re
 
 from jaxdecouple.study.core import Study, run_dir
 from jaxdecouple.study.curves import finished_by_column
+from jaxdecouple.study.sweep import sweep_data
 
 
 def figure_lines(study: Study, workdir: str, results_path: str, figures_dir: str) -> list[str]:
@@ -21,12 +23,12 @@ def figure_lines(study: Study, workdir: str, results_path: str, figures_dir: str
   from jaxdecouple.plots import diagnostics, plot_curves, plot_diagnostics, plot_losses, plot_wallclock
   os.makedirs(figures_dir, exist_ok=True)
   lines = []
+  rel = lambda png: os.path.relpath(png, os.path.dirname(os.path.abspath(results_path)))
   for row in study.rows:
     finished = finished_by_column(study, workdir, row)
     if not finished:
       continue
     slug = re.sub(r'[^a-z0-9]+', '_', f'{study.name}_{row}'.lower()).strip('_')
-    rel = lambda png: os.path.relpath(png, os.path.dirname(os.path.abspath(results_path)))
     png = os.path.join(figures_dir, f'{slug}.png')
     label = lambda c, rs: f'{c} (seed {rs[0].seed})' if len(rs) == 1 else f'{c} (median of {len(rs)} seeds)'
     plt.close(plot_curves({label(c, rs): [run_dir(workdir, r) for r in rs] for c, rs in finished.items()},
@@ -49,6 +51,12 @@ def figure_lines(study: Study, workdir: str, results_path: str, figures_dir: str
       plt.close(plot_diagnostics(diagnosed, path=png, title=f'{row}: each stage\'s applied gradient against BP\'s'))
       lines += [f'![{row}: cosine and norm ratio of each stage\'s applied gradient to back-propagation\'s]'
                 f'({rel(png)})', '']
+  if study.sweep is not None and (data := sweep_data(study, workdir))['series']:
+    from jaxdecouple.plots import plot_sweep
+    png = os.path.join(figures_dir, f'{study.name}_sweep.png')
+    plt.close(plot_sweep(data, study.sweep.label, study.sweep.log_x, path=png, title=study.title))
+    lines += [f'![test error and gap to the baseline against {study.sweep.label} (the median of the seeds, their '
+              f'range as bars; the paper\'s gap where it prints one)]({rel(png)})', '']
   return lines
 
 

@@ -2,7 +2,7 @@
 painted red) at CPU scale: ResNet-8 at K = 2 on the CIFAR-10 JPEG copy with cpu_cifar10_converged's 30-epoch
 recipe, beta from 0.2 to 1. Shares that study's workdir: its BP, beta 1 and beta 0.5 runs are shown again."""
 from jaxdecouple.papers import FDG
-from jaxdecouple.study.core import SEEDS, Claim, Run, Study
+from jaxdecouple.study.core import SEEDS, Claim, Run, Study, Sweep
 from jaxdecouple.study.definitions import cpu_cifar10_converged as main
 from jaxdecouple.study.definitions.common import CIFAR10_DATA, CIFAR10_FILE
 
@@ -27,6 +27,7 @@ def study() -> Study:
       'beta for 300 epochs and prints only its best and beta 1 as numbers (Table 2: 7.92% at beta 1, 7.23% at 0.2, '
       "BP 7.78%): compare the shape of the curve over beta, not errors",
       tuple(runs), needs=CIFAR10_FILE, column_order=('BP', *(f'FDG beta={b:g}' for b in betas)), paper=paper,
+      sweep=Sweep('beta (gradient shrinking)', {(ROW, f'FDG beta={b:g}'): ('FDG', b) for b in betas}),
       claims=(Claim("beta 0.2, the paper's best, beats beta=1 (the paper: 0.69 points better on ResNet-20; the table "
                     'shows every beta)',
                     'FDG beta=0.2', (ROW,), 0.0, baseline='FDG beta=1'),))

@@ -8,7 +8,7 @@ the CIFAR-10 JPEG copy), sharing its workdir (its L = 50 runs at S = 2 and 4 are
 - Table 7 / A.2, ensembles of independently trained sub-ResNets against ResIST at S = 2 and 4;
 - A.1's minimum depth: S = 8, ResIST with sub-networks padded to 2 partitioned blocks, beside plain S = 8."""
 from jaxdecouple.papers import RESIST, RESIST_ENSEMBLE
-from jaxdecouple.study.core import SEEDS, Claim, Run, Study
+from jaxdecouple.study.core import SEEDS, Claim, Run, Study, Sweep
 from jaxdecouple.study.definitions import cpu_cifar10_resist as main
 from jaxdecouple.config import set_fields
 from jaxdecouple.study.definitions.common import CIFAR10_DATA, CIFAR10_FILE
@@ -50,7 +50,17 @@ def study() -> Study:
       'the S=2 row\'s runs), independently trained sub-ResNets averaged at prediction (Table 7), and S=8 with '
       'and without a minimum depth of 2 partitioned blocks per sub-network (8 partitioned blocks: one each). The '
       "paper's figures are for ResNet-101 after 80-160 epochs: compare the ordering, not errors",
-      tuple(runs), needs=CIFAR10_FILE, paper=paper, best_accuracy=True, claims=claims())
+      tuple(runs), needs=CIFAR10_FILE, paper=paper, best_accuracy=True, claims=claims(), sweep=local_iterations())
+
+
+def local_iterations() -> Sweep:
+  """Figure 7's axis: each method's error over L at S = 2, the shown runs at the recipe's L (single-shot: one
+  round of the whole run's steps)."""
+  shown_l = main.build('localsgd', 2)().replica.local_steps
+  points = {(S2, column): (column, float(shown_l)) for column, _ in main.COLUMNS}
+  points.update({(f'{S2}, {name}', column): (column, float(steps)) for name, steps in LOCAL.items()
+                 for column, _ in main.COLUMNS})
+  return Sweep('local iterations L (S=2; the largest: single-shot)', points, log_x=True)
 
 
 def claims() -> tuple[Claim, ...]:
