@@ -165,19 +165,29 @@ def check_against_reference(result, tol=1e-3):
     assert_trees_close(mine, stored_part(reference[w], mine), tol=tol)
 
 
+def check_evaluation_closes_the_round(result):
+  """The run's last step falls inside a round: evaluation scores the network that round's end would make now
+  (the reference with its last round closed), not the anchor where the last round ended, and the run's own
+  state is left as it was (its workers still mid-round: the plain reference check above)."""
+  config = result.method.setup.config
+  closed = reference_replica(config, config.max_steps, partition=config.method == 'resist', close=True)[0]
+  evaluated = jax.device_get(result.method.eval_variables(result.state))
+  for c in ('params', 'batch_stats'):
+    assert_trees_close(evaluated[c], {n: closed[c][n] for n in evaluated[c]}, tol=1e-3)
+  engine, state = result.method.engine, result.state
+  anchor = engine.layout.worker_network(jax.device_get(state.outer['anchor']),
+                                        np.asarray(state.membership) if engine.partitioned else None, 0)
+  with pytest.raises(AssertionError, match='max error'):  # the anchor is far from it
+    assert_trees_close({n: evaluated['params'][n] for n in anchor}, anchor, tol=1e-3)
+
+
 def test_resist_with_the_outer_optimizer_matches_the_reference(resist_outer_run):
   """4 workers on 4 devices, L = 2, 5 steps: two outer steps (the run the two-process test compares with);
   plain averaging's reference is far from it."""
   check_against_reference(resist_outer_run)
   assert set(resist_outer_run.state.outer) == {'anchor', 'momentum'}
   assert not any('compressed' in line for line in resist_outer_run.method.describe(resist_outer_run.state))
-  # step 5 is one step into a round: evaluation scores the anchor (where round 2 ended), not the workers' mean
-  engine, state = resist_outer_run.method.engine, resist_outer_run.state
-  evaluated = jax.device_get(resist_outer_run.method.eval_variables(state)['params'])
-  member = np.asarray(state.membership)
-  for w in range(4):
-    anchor = engine.layout.worker_network(jax.device_get(state.outer['anchor']), member, w)
-    assert_trees_equal({n: evaluated[n] for n in anchor}, anchor)
+  check_evaluation_closes_the_round(resist_outer_run)
   with pytest.raises(AssertionError, match='max error'):
     plain = replica_config('resist')
     mine = worker_variables(resist_outer_run, 0)
@@ -210,6 +220,7 @@ def test_a_resumed_outer_run_on_fewer_devices_matches_the_reference(workdir):
   assert result.method.engine.per_device == 2
   assert set(result.state.outer) == {'anchor', 'momentum', 'error', 'chunk_error'}
   check_against_reference(result)
+  check_evaluation_closes_the_round(result)  # its compressed updates, error and chunk errors included
   lines = result.method.describe(result.state)  # the start-up log says what the round does beyond averaging
   assert '  outer step (DiLoCo) at the end of each round: lr 0.7, momentum 0.9 (Nesterov)' in lines
   assert ('  compressed updates of the shared layers: 8-bit and the largest 0.25 kept, error feedback on, exchanged '

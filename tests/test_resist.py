@@ -76,7 +76,8 @@ def test_a_section_with_fewer_blocks_than_workers_goes_to_random_workers():
 
 # --- a sequential reference -----------------------------------------------------------------------
 
-def reference_replica(config, steps, partition=True, average=True, redraw=True, warmup=0, sections=None):
+def reference_replica(config, steps, partition=True, average=True, redraw=True, warmup=0, sections=None,
+                      close=False):
   """S workers one after another. Worker w draws batch t from its own shuffle (stream w) and its own
   augmentation; its forward skips the partitioned blocks it does not own this round; SGD (weight
   decay 5e-4 added to the gradient, momentum 0.9) updates only the blocks it ran. Every L steps:
@@ -88,7 +89,8 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True, 
   with outer lr eta and momentum mu each block's anchor (its value at the round's start) takes the step
   delta = anchor - mean over holders, m = mu m + delta, anchor - eta (delta + mu m) (Nesterov; else
   anchor - eta m), and with compressed updates each worker's shared-layer change plus its unsent error is
-  compressed (``numpy_compress``), the error kept, the arrivals averaged. Returns each worker's variables."""
+  compressed (``numpy_compress``), the error kept, the arrivals averaged. ``close``: the round under way at
+  the last step ends there too (what evaluation scores mid-round). Returns each worker's variables."""
   r = config.replica
   S, L = r.num_workers, r.local_steps
   ds = load_dataset(config.data, config.dataset)
@@ -147,7 +149,7 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True, 
                                                                         jnp.asarray(ds.y_train[idx]))
       for n in run:
         params[w][n], momentum[w][n] = sgd_step(params[w][n], momentum[w][n], grads[n], lr)
-    if average and (t + 1) % L == 0:
+    if average and ((t + 1) % L == 0 or (close and t + 1 == steps)):
       holders = {n: [w for w in range(S) if n not in blocks or n in owned(w, t // L)]
                  for n in model.block_names}
       mean = lambda trees, n: tree_mean([trees[w][n] for w in holders[n]])

@@ -243,17 +243,30 @@ class Averaging:
   # --- the whole network ----------------------------------------------------------------------------
   @functools.cached_property
   def averaged(self):
-    """The averaged network of the current state (mid-round too), without changing the state: shared
-    layers averaged over all workers, each partitioned block over the workers holding it (gathered from
-    their slots); with outer state, the anchor's parameters (the same on every holder)."""
+    """The network a round's end would make of the current state, without changing the state (evaluation
+    mid-round scores it): shared layers averaged over all workers, each partitioned block over the workers
+    holding it (gathered from their slots). With outer state the round's end is the outer step (``closed``):
+    scoring the anchor instead would score every mid-round evaluation, the run's last included, on a
+    network up to L - 1 steps older than plain averaging's, which is scored on its workers' mean."""
     w = P(AXIS)
-    f = jax.shard_map(self._whole, mesh=self.mesh, in_specs=(w, w, w), out_specs=(P(), P()), check_vma=False)
-    # With an outer optimizer (or compressed updates) the network the run stands at is the anchor, the last
-    # round's outcome (DiLoCo's global parameters), not the workers' mean mid-round
-    return jax.jit(lambda st: f(st.outer['anchor'] if self.tracks else st.params, st.batch_stats, st.membership))
+    f = jax.shard_map(self._whole, mesh=self.mesh, in_specs=(w, w, w, w), out_specs=(P(), P()), check_vma=False)
+    return jax.jit(lambda st: f(st.params, st.batch_stats, st.membership, st.outer))
 
-  def _whole(self, params, stats, member):
+  def closed(self, params, outer):
+    """Every worker's parameters as the end of the round under way would leave them (inside the mesh):
+    the shared layers' outer step (their compressed updates and unsent errors included) and each holder's
+    outer step of its blocks, both on the change so far. At a round's boundary (no worker has moved from its
+    anchor) the round is already closed: the anchor itself, not a second outer step of momentum alone."""
+    ended = self.outer_slots(self.shared.outer_step(params, outer)[0], outer)[0]
+    anchor = outer['anchor']
+    moved = sum(jnp.sum(p != a) for p, a in zip(jax.tree.leaves(params), jax.tree.leaves(anchor)))
+    moved = jax.lax.psum(moved.astype(jnp.int32), AXIS) > 0
+    return jax.tree.map(lambda e, a: jnp.where(moved, e, a), ended, anchor)
+
+  def _whole(self, params, stats, member, outer):
     layout = self.layout
+    if self.tracks:
+      params = self.closed(params, outer)
     mean = lambda tree: {n: jax.tree.map(self.shared.mean, v) for n, v in tree.items() if n not in layout.keys}
     out_params, out_stats = mean(params), mean(stats)
     if layout.index:
