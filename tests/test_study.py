@@ -630,7 +630,8 @@ def test_a_run_whose_settings_come_from_other_runs_waits_for_them_then_takes_the
 
 def test_resist_outer_takes_each_methods_best_tune_setting_by_rule(tmp_path):
   """cpu_cifar10_resist_outer's 3-seed runs: outer lr and momentum of the method's tune run with the lowest
-  hold-out error (a diverged one the worst; a tie the first of TUNE), nothing until all three have finished."""
+  hold-out error (a diverged one the worst; a tie the first of TUNE), nothing until all four have finished; the
+  compressed arms send their updates by the two-stage exchange."""
   from jaxdecouple.study.definitions import cpu_cifar10_resist_outer as outer
   study, workdir = outer.study(), str(tmp_path)
   tune = [r for r in study.runs if r.row.startswith('tune:')]
@@ -641,16 +642,19 @@ def test_resist_outer_takes_each_methods_best_tune_setting_by_rule(tmp_path):
     os.makedirs(study_lib.run_dir(workdir, run), exist_ok=True)
     with open(os.path.join(study_lib.run_dir(workdir, run), name), 'w') as f:
       json.dump(content, f)
-  for run, accuracy in zip(tune[:2], (0.60, 0.62)):
+  assert len(outer.TUNE) == 4 and (1.5, 0.0) in outer.TUNE  # one setting whose blocks travel without momentum
+  for run, accuracy in zip(tune[:3], (0.60, 0.62, 0.62)):  # the third ties the second: the first of them wins
     record(run, 'finished.json', {'step': 10, 'test_accuracy': accuracy})
-  assert waiting['local SGD + outer'].choose(workdir) is None  # its third tune run has not finished
-  record(tune[2], 'finished.json', {'step': 10, 'test_accuracy': 0.62})  # ties the second: the first of them
+  assert waiting['local SGD + outer'].choose(workdir) is None  # its fourth tune run has not finished
+  record(tune[3], 'finished.json', {'step': 10, 'test_accuracy': 0.61})
   assert waiting['local SGD + outer'].choose(workdir) == {'replica.outer_lr': 1.0, 'replica.outer_momentum': 0.5}
-  record(tune[3], 'diverged.json', {'step': 3, 'message': 'non-finite loss'})
-  for run, accuracy in zip(tune[4:], (0.50, 0.55)):
+  record(tune[4], 'diverged.json', {'step': 3, 'message': 'non-finite loss'})
+  for run, accuracy in zip(tune[5:], (0.50, 0.55, 0.58)):
     record(run, 'finished.json', {'step': 10, 'test_accuracy': accuracy})
-  assert waiting['ResIST + outer'].choose(workdir) == {'replica.outer_lr': 0.4, 'replica.outer_momentum': 0.9}
-  assert waiting['ResIST + outer'].waits_for == 'the 3 tune runs of ResIST'
+  assert waiting['ResIST + outer'].choose(workdir) == {'replica.outer_lr': 1.5, 'replica.outer_momentum': 0.0}
+  assert waiting['ResIST + outer'].waits_for == 'the 4 tune runs of ResIST'
+  compressed = [r for r in study.runs if 'updates' in r.column]
+  assert len(compressed) == 5 and all(r.config('x.npz').replica.update_exchange == 'two_stage' for r in compressed)
 
 
 def test_a_finished_runs_state_is_released_before_the_next_run_starts(tmp_path, monkeypatch):

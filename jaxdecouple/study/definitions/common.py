@@ -36,7 +36,11 @@ def cifar10(method: str, epochs: int = 30, k: int = 2, beta: float = 1.0, warmup
 # network at S = 4, one worker per CPU device (the runs train on one device, where no byte crosses one): written by
 #   for s in "" --quantize_bits=8 --quantize_bits=6 --quantize_bits=5 --quantize_bits=4 --sparsify=0.25 \
 #            "--compress=updates --quantize_bits=8" "--compress=updates --quantize_bits=4" \
-#            "--compress=updates --sparsify=0.25"; do python benchmarks/resist_round.py --model=preact_tiny_s3_9 \
+#            "--compress=updates --sparsify=0.25" "--compress=updates --update_exchange=two_stage --quantize_bits=8" \
+#            "--compress=updates --update_exchange=two_stage --quantize_bits=4" \
+#            "--compress=updates --update_exchange=two_stage --sparsify=0.25" "--outer_lr=0.7 --outer_momentum=0.9" \
+#            "--outer_lr=1.0 --outer_momentum=0.5" "--outer_lr=0.4 --outer_momentum=0.9" \
+#            "--outer_lr=1.5 --outer_momentum=0.0"; do python benchmarks/resist_round.py --model=preact_tiny_s3_9 \
 #     --batch=32 --local_steps=2 --workers=4 --rounds=1 --cpu_devices=4 $s \
 #     --json_out=studies/cpu_cifar10_resist/budget.jsonl; done
 BUDGET = 'budget.jsonl'
