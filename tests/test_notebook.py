@@ -44,6 +44,51 @@ def test_notebook_executes_top_to_bottom(tmp_path, monkeypatch):
   assert (work / 'workdirs' / 'notebook' / 'fdg' / 'metrics.jsonl').exists()
 
 
+def install_cell() -> str:
+  nb = nbformat.read(NOTEBOOK, as_version=4)
+  return next(c.source for c in nb.cells if c.cell_type == 'code' and c.source.startswith('# Install the project'))
+
+
+def test_the_install_cell_installs_only_what_is_missing_or_below_its_bound(tmp_path, monkeypatch):
+  """The install cell, run in a project folder whose pyproject.toml asks for what this environment has, calls
+  no pip; asking for a version above the installed one (as a runtime's older preinstalled optax would be), or
+  for a package that is not installed, it runs `pip install PROJECT[tfds]` once and names what was short. The
+  bounds are read from the project's own pyproject.toml, and this checkout's meets them here."""
+  import contextlib
+  import importlib.metadata
+  import io
+  import subprocess
+  import sys
+  project = tmp_path / 'project'
+  (project / 'notebooks').mkdir(parents=True)
+  monkeypatch.chdir(project / 'notebooks')
+  monkeypatch.delenv('JAXDECOUPLE_SOURCE', raising=False)
+  calls = []
+  monkeypatch.setattr(subprocess, 'check_call', lambda args, **kw: calls.append(list(args)))
+  monkeypatch.setattr(sys, 'path', list(sys.path))  # the cell may add the project folder
+  numpy_now = importlib.metadata.version('numpy')
+
+  def run(dependencies):
+    (project / 'pyproject.toml').write_text('[project]\nname = "jaxdecouple"\ndependencies = [\n  '
+                                            + ', '.join(f'"{d}"' for d in dependencies) + ',\n]\n')
+    calls.clear()
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+      exec(install_cell(), {'os': os, '__name__': 'cell'})  # one namespace, as a notebook's
+    return printed.getvalue()
+
+  printed = run([f'numpy>={numpy_now}', 'jax>=0.7'])
+  assert calls == [] and 'jaxdecouple from' in printed
+  printed = run([f'numpy>={numpy_now.split(".")[0]}.999', 'jax>=0.7', 'no-such-distribution-here>=1.0'])
+  assert len(calls) == 1 and calls[0][1:4] == ['-m', 'pip', 'install'] and calls[0][5] == f'{project}[tfds]', calls
+  assert f'numpy>={numpy_now.split(".")[0]}.999, no-such-distribution-here>=1.0' in printed, printed
+  with open(os.path.join(ROOT, 'pyproject.toml'), encoding='utf-8') as f:  # this checkout's own bounds
+    (project / 'pyproject.toml').write_text(f.read())
+  calls.clear()
+  with contextlib.redirect_stdout(io.StringIO()):
+    exec(install_cell(), {'os': os, '__name__': 'cell'})
+  assert calls == []
+
+
 def test_the_package_ships_every_subpackage_and_the_configs():
   """pyproject.toml lists the packages (so that configs/ ships as jaxdecouple.configs, which the notebook reads in
   an installed copy): the list holds every package setuptools finds under jaxdecouple, and the configs."""
