@@ -68,6 +68,9 @@ def validate(config, name: str, partition: bool, average: bool) -> None:
     fail('replica.outer_lr', f'{name} never averages, so it has no outer step (leave outer_lr 1, outer_momentum 0)')
   if not average and not r.outer_nesterov:
     fail('replica.outer_nesterov', f'{name} never averages, so it has no outer step (leave it at True)')
+  if average and not r.outer_nesterov and not r.outer_momentum:
+    fail('replica.outer_nesterov', 'chooses between Nesterov and plain outer momentum, and replica.outer_momentum '
+         'is 0: set an outer momentum (DiLoCo: 0.9) or leave outer_nesterov at True')
   if r.compress not in ('weights', 'updates'):
     fail('replica.compress', f"{r.compress!r} is not allowed; choose weights (the paper's A.5) or updates")
   if r.compress == 'updates' and not (r.quantize_bits or r.sparsify):
