@@ -10,7 +10,9 @@ import numpy as np  # noqa: E402
 
 def replica_run_config(outer: bool = False):
   """The run both tests compare (conftest is not imported here: it would ask for 4 CPU devices); with
-  ``outer``, DiLoCo's outer optimizer (lr 0.7, Nesterov momentum 0.9) ends each round."""
+  ``outer``, DiLoCo's outer optimizer (lr 0.7, Nesterov momentum 0.9) ends each round, on the shared layers'
+  updates compressed to 8 bits with error feedback and sent by the two-stage exchange (an all-to-all of codes,
+  then an all-gather of the re-encoded means: across processes, gloo's)."""
   from jaxdecouple.config import get_default_config
   c = get_default_config()
   c.method, c.model, c.dataset, c.max_steps = 'resist', 'preact_tiny', 'cifar10', 5
@@ -20,6 +22,7 @@ def replica_run_config(outer: bool = False):
   c.replica.num_workers, c.replica.local_steps, c.optim.learning_rate = 4, 2, 0.005
   if outer:
     c.replica.outer_lr, c.replica.outer_momentum = 0.7, 0.9
+    c.replica.compress, c.replica.quantize_bits, c.replica.update_exchange = 'updates', 8, 'two_stage'
   return c
 
 
