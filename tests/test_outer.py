@@ -284,6 +284,18 @@ def test_the_two_stage_exchange_receives_bytes_that_do_not_grow_with_s():
                               8, 0.0)
     assert received[workers, 'two_stage'] == 2 * (workers - 1) * chunk
   assert received[4, 'two_stage'] < 1.6 * whole < 3 * whole  # 3 whole copies: what the all-gather brings at S = 4
+  # two workers a device (S = 4 on D = 2): the all-to-all brings each of a device's p = 2 workers the chunks of
+  # the p workers of the other device (p^2 (D - 1) chunks), the all-gather the other device's p re-encoded means
+  config = replica_config('localsgd', workers=4, **{'replica.compress': 'updates', 'replica.quantize_bits': 8,
+                                                    'replica.update_exchange': 'two_stage', 'replica.num_devices': 2})
+  method, state = initial_state(config)
+  method.engine.aggregate(state, 0)
+  t, stats = method.engine.last_traffic, method.engine.averaging.stats_bytes(state)
+  assert method.engine.per_device == 2 and t.devices == 2
+  chunk = wire.encoded_size(-(-sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(state.params)) // 4), 8, 0.0)
+  p, d = 2, 2
+  # (the float32 statistics: a device sums its workers' before the ring all-reduce, so one copy goes in)
+  assert t.collective_received - 2 * (d - 1) / d * stats == p * p * (d - 1) * chunk + p * (d - 1) * chunk
 
 
 def test_workers_spread_over_as_many_devices_of_every_process():
