@@ -49,7 +49,10 @@ def test_the_cifar100_path_trains_with_a_100_way_head(method, cifar100_npz, work
   result = train_and_evaluate(config, workdir)
   head = result.variables['params']['head']
   assert [x.shape[-1] for x in jax_leaves(head)] and max(x.shape[-1] for x in jax_leaves(head)) == 100
-  assert 0.0 <= result.last_eval['test_top5_accuracy'] <= 1.0 and np.isfinite(result.last_eval['test_loss'])
+  # a 100-way head is evaluated top-5 as well (its count against numpy: test_imagenet's evaluator test): on labels
+  # spread over all 100 classes, never below top-1, and above it here (4 steps: near chance, 5% against 1%)
+  top1, top5 = result.last_eval['test_accuracy'], result.last_eval['test_top5_accuracy']
+  assert 0.0 <= top1 < top5 <= 1.0 and np.isfinite(result.last_eval['test_loss']), (top1, top5)
 
 
 def jax_leaves(tree):

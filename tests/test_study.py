@@ -468,7 +468,7 @@ def test_the_papers_numbers_are_written_once():
   from jaxdecouple import papers
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   quoted = {round(x, 2) for x in papers.quoted()}
-  checked = 0
+  checked = detection = 0
   for path in sorted(glob.glob(os.path.join(root, 'configs', '*.py'))):
     spec = importlib.util.spec_from_file_location('config_under_test', path)
     module = importlib.util.module_from_spec(spec)
@@ -477,7 +477,18 @@ def test_the_papers_numbers_are_written_once():
     for figure in re.findall(r'(\d+\.\d+)%', paper[0] if paper else ''):
       assert round(float(figure), 2) in quoted, (os.path.basename(path), figure)
       checked += 1
+    if paper and 'Table 6' in paper[0]:  # detection: test losses, seconds and speed-ups, none of them a percentage
+      text = ' '.join(paper[0].split('.\n\n')[0].split())
+      for method, loss, seconds in re.findall(r'(local SGD|ResIST) (\d+\.\d+), (\d+) s', text):
+        workers = int(re.search(r'on (\d) machines', text).group(1))
+        row = papers.RESIST_DETECTION[(method, workers)]
+        assert (float(loss), int(seconds)) == (row['test loss'], row['seconds']), (os.path.basename(path), method)
+        detection += 1
+      for speedup in re.findall(r'(\d+\.\d+)x speed-up', text):
+        assert float(speedup) == papers.RESIST_DETECTION[('ResIST', workers)]['speed-up'], os.path.basename(path)
+        detection += 1
   assert checked > 60
+  assert detection >= 8  # two methods in each of the four VOC replica configs (and their speed-ups)
   resist = study_lib.STUDIES['cpu_cifar10_resist']()
   assert resist.paper[('preact_tiny_s3_9, S=4', 'ResIST')] == pytest.approx(100 - papers.RESIST[('cifar10', 4)]['ResIST'])
   converged = study_lib.STUDIES['cpu_cifar10_converged']()
