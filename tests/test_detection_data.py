@@ -101,7 +101,7 @@ def test_voc_folder_round_trip(tmp_path):
   assert x_train.shape == (6, 32, 32, 3) and x_test.shape == (4, 32, 32, 3) and x_train.dtype == np.uint8
   assert y_train.shape == (6, 42, 6) and y_test.shape == (4, 42, 6) and y_train.dtype == np.float32
   assert 'VOC2007/trainval (6 images)' in where and 'not found, skipped: VOC2012/trainval' in where
-  dropped = kept_flagged = 0
+  dropped = kept_flagged = boxes_seen = 0
   for (x, y, image_set, keep) in ((x_train, y_train, 'trainval', False), (x_test, y_test, 'test', True)):
     for k, image_id in enumerate(ids_of(root, '2007', image_set)):
       annotation = os.path.join(root, 'VOC2007', 'Annotations', f'{image_id}.xml')
@@ -113,6 +113,17 @@ def test_voc_folder_round_trip(tmp_path):
       jpeg = Image.open(os.path.join(root, 'VOC2007', 'JPEGImages', f'{image_id}.jpg')).convert('RGB')
       assert jpeg.size == (50, 40)
       np.testing.assert_allclose(x[k].mean((0, 1)), np.asarray(jpeg, np.float64).mean((0, 1)), atol=8)
+      # the image and its boxes were resized alike: inside the last object's box (drawn over the others), a
+      # pixel in from its edges, the resized image has the colour that box was filled with
+      _, x0, y0, x1, y1, _ = xml_rows(annotation, True)[-1]
+      rows_in = slice(int(np.ceil(y0 * 32)) + 1, int(np.floor(y1 * 32)) - 1)
+      cols_in = slice(int(np.ceil(x0 * 32)) + 1, int(np.floor(x1 * 32)) - 1)
+      inside = x[k][rows_in, cols_in].reshape(-1, 3).astype(np.float64)
+      if len(inside):
+        fill = np.asarray(jpeg, np.float64)[int((y0 + y1) / 2 * 40), int((x0 + x1) / 2 * 50)]
+        assert np.abs(inside - fill).max() <= 16, (image_id, np.abs(inside - fill).max())
+        boxes_seen += 1
+  assert boxes_seen >= 6
   assert dropped >= 2 and kept_flagged >= 1  # difficult objects: dropped from training, flagged in the test
 
 
