@@ -13,7 +13,8 @@ with c_sigma = 2, c_res = 1, the output layer a fixed at its random start (as in
 theorem: with the width large enough and the step small enough, with high probability over the initialisation,
 the whole network's loss after k rounds falls at a linear rate, ||y - u(k)||^2 <= (1 - eta lambda_0 / c)^k
 ||y - u(0)||^2, lambda_0 > 0 being the least eigenvalue of the data's Gram matrix (our copy of the paper's text
-lost the constants, so the check is the form: one contraction factor rho < 1 bounds every round).
+lost the constants: the check takes lambda_0 from the data, its least eigenvalue computed at the start, and
+Du et al.'s constant for the whole network, and asks every round to contract at least that fast).
 """
 import jax
 import jax.numpy as jnp
@@ -62,9 +63,22 @@ def test_resist_theorem_3_1_the_whole_resnets_loss_falls_at_a_linear_rate():
     history.append(float(loss(w0, blocks, whole)))
   history = np.array(history)
   ratios = history[1:] / history[:-1]
-  rho = 0.98  # measured: the rounds' ratios run from 0.88 to 0.95 here (jax 0.10.2, CPU)
-  assert (ratios <= rho).all(), ratios
+  # the theorem's premise and rate from the data: lambda_0, the least eigenvalue of the Gram matrix of the
+  # network's output gradients at its start, H(0) = J J^T (J: d u_i / d (W0, blocks)), is positive, the step is
+  # small against its largest (eta lambda_max <= 1), and every round contracts at least at Du et al.'s rate for
+  # gradient descent on the whole network, (1 - eta lambda_0 / 2) per step, L steps a round. (ResIST's own
+  # constant c is lost in our copy; this is c = 2, the whole network's.)
+  jacobian = jax.jacrev(output, argnums=(0, 1))(*setting()[2:4], whole)
+  j = jnp.concatenate([d.reshape(POINTS, -1) for d in jacobian], axis=1)
+  eigenvalues = np.linalg.eigvalsh(np.asarray(j @ j.T, np.float64))
+  lambda_0 = eigenvalues[0]
+  assert lambda_0 > 0 and STEP * eigenvalues[-1] <= 1, eigenvalues  # measured: 7.5e-4 and 1.0e-2
+  rho = (1 - STEP * lambda_0 / 2) ** LOCAL
+  assert (ratios <= rho).all(), (ratios, rho)
   assert (history <= history[0] * rho ** np.arange(ROUNDS + 1) * (1 + 1e-6)).all()  # ||y - u(k)||^2 <= rho^k (...)
+  # the bound is a worst case over the directions of y - u: the measured rounds contract far faster (0.88 to 0.95
+  # against rho = 0.996 here, jax 0.10.2, CPU), the residual's large-eigenvalue part going first
+  assert ratios.max() <= 0.98, ratios
   # the same steps on the whole network (plain gradient descent, L steps a round) contract at a comparable rate:
   # the theorem's point is that training sub-ResNets does not lose the linear rate
   v0, vb = setting()[2:4]
