@@ -318,7 +318,9 @@ def test_a_compressed_exchange_holds_the_gathered_codes_not_a_dense_copy_per_wor
     codes[workers] = averaging.gathered_bytes(state)  # one worker's encoded shared parameters (or updates)
   dense = 4 * sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(state.params))
   assert codes[4] == codes[2] and 0.45 * dense < codes[4] < 0.55 * dense  # values and indices of a quarter
-  assert abs(temp[4] - temp[2] - 2 * codes[4]) <= 0.05 * codes[4], (temp, codes)
+  # (measured here: exactly the two workers' codes; the slack is for another XLA's buffer planning, and still
+  # half of the decoded float32 copy, two codes' worth, that each extra worker would add)
+  assert abs(temp[4] - temp[2] - 2 * codes[4]) <= 0.5 * codes[4], (temp, codes)
   assert temp[4] < 4 * dense, (temp[4], dense)
 
 
