@@ -154,6 +154,22 @@ def test_plain_averaging_keeps_no_outer_state_and_its_numbers():
   assert_trees_equal(results[0], results[1])
 
 
+def test_at_a_rounds_boundary_evaluation_scores_the_anchor():
+  """Right after a round's end every worker stands at its anchor: evaluation scores that network, not a second
+  outer step of momentum alone (which, with the outer momentum this round left, would move it far)."""
+  method, state = initial_state(replica_config('resist', **DILOCO))
+  engine = method.engine
+  state = state._replace(params=engine.put_workers(noisy(state.params, 5)))
+  state = engine.aggregate(state, 0)
+  momentum = jax.device_get(state.outer['momentum'])
+  assert max(float(np.max(np.abs(x))) for x in jax.tree.leaves(momentum)) > 0.1
+  evaluated = jax.device_get(method.eval_variables(state)['params'])
+  member = np.asarray(state.membership)
+  for w in range(4):
+    anchor = engine.layout.worker_network(jax.device_get(state.outer['anchor']), member, w)
+    assert_trees_close({n: evaluated[n] for n in anchor}, anchor, tol=1e-6)
+
+
 # --- whole runs against the sequential reference ------------------------------------------------------
 
 def check_against_reference(result, tol=1e-3):
