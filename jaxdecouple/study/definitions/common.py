@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from jaxdecouple.config import get_default_config, set_fields
 
-CIFAR10_DATA = ('CIFAR-10 from the JPEG-compressed copy (quality 75) described in shared/data/README.md: not the '
-                "original PNGs, so absolute errors are not the paper's data")
+CIFAR10_DATA = ('CIFAR-10 from a JPEG-compressed copy (each image a quality-75 JPEG, read as it is: docs/DATA.md): '
+                "not the original PNGs, so absolute errors are not the paper's data")
 CIFAR10_FILE = '--data_path to the CIFAR-10 .npz (the JPEG copy is read as it is)'
 FMNIST_DATA = ('Fashion-MNIST (the Debian package dataset-fashion-mnist; 60k train / 10k test), no augmentation')
 
