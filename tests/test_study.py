@@ -437,6 +437,28 @@ def test_results_regenerate_from_the_committed_records(tmp_path, monkeypatch):
       assert a.read() == b.read(), png
 
 
+def test_report_refuses_to_replace_a_section_with_fewer_finished_runs(tmp_path, capsys, monkeypatch):
+  """A section whose records are not in the workdir given (the earliest studies' were never committed) is kept:
+  --report stops with one line, and a run's closing report leaves the section and says why."""
+  results = tmp_path / 'RESULTS.md'
+  section = '## Tiny\n\n- Finished runs: 3 of 4.\n\n| made | from | records elsewhere |\n'
+  results.write_text(f'# Results\n\n<!-- study: tiny -->\n{section}', encoding='utf-8')
+  before = results.read_text(encoding='utf-8')
+  argv = ['--study=tiny', f'--workdir={tmp_path / "empty"}', f'--results={results}', f'--figures={tmp_path / "f"}']
+  assert study_lib.main([*argv, '--report']) == 2
+  err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+  assert len(err) == 1 and err[0].startswith('error:') and 'made from 3 finished runs' in err[0] and 'holds 0' in err[0]
+  assert results.read_text(encoding='utf-8') == before
+  from jaxdecouple.study import cli
+  from jaxdecouple.study.report import finished_runs_shown
+  assert finished_runs_shown(section) == 3 and finished_runs_shown('no such line') is None
+  # after running (here: nothing ran), the closing report keeps the section too, and the run is not a failure
+  monkeypatch.setattr(cli, 'run_study', lambda *a, **k: {'finished': 0, 'ran': 0, 'left': 4})
+  assert study_lib.main(argv) == 0
+  err = capsys.readouterr().err
+  assert 'note:' in err and 'left as it is' in err and results.read_text(encoding='utf-8') == before
+
+
 def test_every_reading_quotes_figures_of_its_own_tables():
   """A study's reading (typed by hand) quotes only figures that stand in the tables its section prints above
   it in docs/RESULTS.md: when new runs move a median, the reading has to be read again."""

@@ -11,7 +11,7 @@ import sys
 from jaxdecouple.study.core import is_finished
 from jaxdecouple.study.definitions import STUDIES
 from jaxdecouple.study.left import left_line
-from jaxdecouple.study.report import report, write_results
+from jaxdecouple.study.report import finished_runs_shown, report, sections_in_page, write_results
 from jaxdecouple.study.runner import pin, run_study
 
 
@@ -52,8 +52,8 @@ def main(argv=None) -> int:
     print(left_line(study, args.workdir))
     return 0
   if not args.report and study.needs_data_path and not args.data_path:
-    p.error(f'study {args.study} needs {study.needs}: pass --data_path=FILE.npz (shared/data/README.md says '
-            'where the CIFAR-10 copy is)')
+    p.error(f'study {args.study} needs {study.needs}: pass --data_path=FILE.npz (docs/DATA.md, '
+            '"CIFAR-10 and CIFAR-100 as one file", says how to make it)')
   if not args.report and args.data_path and not os.path.isfile(args.data_path):
     p.error(f'--data_path={args.data_path}: no such file')
   chosen = study
@@ -95,6 +95,13 @@ def main(argv=None) -> int:
       print(f'--runs={args.runs}: {mine} of the {len(chosen.runs)} runs it matches finished')
     if args.no_report:
       return 0
+  shown = finished_runs_shown(sections_in_page(args.results).get(study.name, ''))
+  done = sum(is_finished(args.workdir, r) for r in study.runs)
+  if shown is not None and done < shown:  # the records behind the page are elsewhere: keep the page's section
+    print(f"{'error' if args.report else 'note'}: {args.results}'s {args.study} section was made from {shown} "
+          f"finished runs and {args.workdir} holds {done}: writing it would lose them, so it is left as it is. Pass "
+          f"the workdir that holds the records, or --results=OTHER.md for a page of your own", file=sys.stderr)
+    return 2 if args.report else 0
   command = (f'python -m jaxdecouple.study --study={args.study} --workdir={args.workdir} --report')
   write_results({study.name: report(study, args.workdir, args.results, args.figures, command)}, args.results)
   print(f'wrote {args.results} and figures in {args.figures}')

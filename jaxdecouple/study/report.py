@@ -113,8 +113,8 @@ def report(study: Study, workdir: str, results_path: str, figures_dir: str, comm
 _FROM_RECORDS = 'from the run records in'  # what a section made from committed records says
 
 
-def write_results(sections: dict[str, str], results_path: str) -> None:
-  """docs/RESULTS.md holds one generated section per study; this replaces the given ones."""
+def sections_in_page(results_path: str) -> dict[str, str]:
+  """The results page's generated sections by study name (none when the page does not exist yet)."""
   existing: dict[str, str] = {}
   if os.path.exists(results_path):
     with open(results_path, encoding='utf-8') as f:
@@ -123,6 +123,18 @@ def write_results(sections: dict[str, str], results_path: str) -> None:
       m = re.match(r'<!-- study: (\S+) -->\n', part)
       if m:
         existing[m.group(1)] = part[m.end():].rstrip() + '\n'
+  return existing
+
+
+def finished_runs_shown(section: str) -> int | None:
+  """How many finished runs a section says it was made from (its "Finished runs: N of M" line)."""
+  m = re.search(r'^- Finished runs: (\d+) of \d+', section, re.M)
+  return int(m.group(1)) if m else None
+
+
+def write_results(sections: dict[str, str], results_path: str) -> None:
+  """docs/RESULTS.md holds one generated section per study; this replaces the given ones."""
+  existing = sections_in_page(results_path)
   existing.update(sections)
   kept = [n for n, t in sorted(existing.items()) if _FROM_RECORDS in t]
   lost = [n for n, t in sorted(existing.items()) if _FROM_RECORDS not in t]
