@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the quickstart notebook's install cell on a fresh virtual environment (no packages but pip's, as a new
 # Colab or TPU VM runtime has none of the project's), from a copy of this checkout's committed files, then
-# imports the library and checks a paper config. Needs the package registry (pip) and about 2 minutes.
+# imports the library and checks a paper config. Needs the package registry (pip); took 24-94 s here (README).
 #   bash notebooks/check_install.sh            # SOURCE: the project folder the notebook sits in
 #   JAXDECOUPLE_SOURCE=dist/jaxdecouple-0.1.0-py3-none-any.whl bash notebooks/check_install.sh
 set -euo pipefail
