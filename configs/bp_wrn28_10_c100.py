@@ -4,7 +4,8 @@ configs/fdg_wrn28_10_c100.py.
 python main.py --config=configs/bp_wrn28_10_c100.py --config.data.path=cifar100.npz
 
 The authors' README: CIFAR-100 BP 19.6% (the FDG paper's Table 3 quotes 19.2% from the WRN paper).
-Data: an .npz with x_train, y_train, x_test, y_test of CIFAR-100 (100 classes), or tensorflow-datasets when it
+Data: an .npz with x_train, y_train, x_test, y_test of CIFAR-100 (100 classes; from the authors' archive:
+`python -m jaxdecouple.data.cifar_archive cifar-100-python.tar.gz cifar100.npz`), or tensorflow-datasets when it
 can download or has the data prepared.
 """
 from jaxdecouple.recipes import fdg_paper

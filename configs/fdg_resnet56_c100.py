@@ -9,7 +9,8 @@ authors' later and better figure, from the released code whose recipe this one f
 300 epochs of ResNet-56 is GPU work); --config.pipeline.beta=0.8 gives the paper's row,
 --config.pipeline.beta=1.0 the no-shrinking column.
 
-Data: an .npz with x_train, y_train, x_test, y_test of CIFAR-100 (100 classes), or
+Data: an .npz with x_train, y_train, x_test, y_test of CIFAR-100 (100 classes; from the authors' archive:
+`python -m jaxdecouple.data.cifar_archive cifar-100-python.tar.gz cifar100.npz`), or
 tensorflow-datasets when it can download or has the data prepared.
 """
 from jaxdecouple.recipes import fdg_paper
