@@ -111,7 +111,8 @@ def test_m1_equals_fdg(workdir, tmp_path):
 
 
 def test_resume_mid_accumulation_is_exact(workdir, tmp_path):
-  """K = 3, M = 4: after iteration 4 stages 0, 1, 2 hold partial sums of 1, 2 and 3 gradients."""
+  """K = 3, M = 4, stopped after iteration 4, when every stage holds a partial sum of gradients (not zero), and
+  resumed to 12: the state of 12 uninterrupted steps, bit for bit."""
   kw = {'checkpoint_every_steps': 5, 'pipeline.keep': 'recompute'}
   stopped = train_and_evaluate(adl_config(3, 4, steps=5, **kw), workdir)
   assert all(float(jnp.abs(leaf).max()) > 0 for s in stopped.state.stages

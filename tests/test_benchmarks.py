@@ -6,10 +6,9 @@ import subprocess
 import sys
 
 import jax
-import jax.numpy as jnp
 import pytest
 
-from jaxdecouple.models import build_model, count_params
+from jaxdecouple.models import build_model
 from jaxdecouple.pipeline import choose_split
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -135,17 +134,14 @@ def test_resist_worker_benchmark_times_each_sub_network(capsys):
   assert 'take' in out and 'of the full step\'s time' in out
 
 
-def test_torch_reference_runs_or_says_pytorch_is_missing(capsys):
+def test_torch_reference_says_pytorch_is_missing(capsys, monkeypatch):
+  """benchmarks/torch_reference.py is an optional comparison that needs PyTorch, which the project does not
+  install: without it (here made missing, wherever torch is) it stops with exit 2 and one line naming the fix."""
   module = load('torch_reference')
-  if importlib.util.find_spec('torch') is None:
-    assert module.main(['--depth=8', '--batch=4', '--warmup=1', '--iters=1']) == 2
-    assert 'PyTorch is not installed' in capsys.readouterr().err
-    return
-  assert module.main(['--depth=20', '--batch=4', '--warmup=1', '--iters=1']) == 0
-  record = json.loads(capsys.readouterr().out.splitlines()[0])
-  assert record['model'] == 'resnet20'
-  shapes = jax.eval_shape(lambda: build_model('resnet20', 10).init(jax.random.key(0), jnp.zeros((1, 32, 32, 3))))
-  assert record['params'] == count_params(shapes['params'])  # the same network
+  monkeypatch.setitem(sys.modules, 'torch', None)  # import torch raises ImportError
+  assert module.main(['--depth=8', '--batch=4', '--warmup=1', '--iters=1']) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith('PyTorch is not installed') and 'pip install torch' in err and '\n' not in err
 
 
 def test_conv_layers_times_one_layer_per_section():
@@ -316,11 +312,11 @@ def test_pipeline_processes_runs_each_method_at_its_timed_split():
   assert 'round' not in runs[0] and 'across_rounds' not in out.stdout
 
 
-def test_dispatch_depth_counts_the_calls_that_returned_before_the_first_wait(capsys):
+def test_dispatch_depth_reports_the_calls_that_returned_before_the_first_wait(capsys):
   out = load('dispatch_depth').main(['--calls=48', '--size=200'])
   printed = json.loads(next(l for l in capsys.readouterr().out.splitlines() if l.startswith('{')))
   assert printed == out and out['calls'] == 48 and out['one_call_ms'] > 0
   # XLA:CPU's client takes about 32 computations before a dispatch waits (jaxlib 0.10, an idle core); a loaded
-  # machine can slow any one dispatch past the threshold, so only the bounds are asserted
+  # machine can slow any one dispatch past the threshold, so the count is reported, and only its bounds asserted
   assert 0 <= out['returned_at_once'] <= 48
   assert (out['median_dispatch_ms_after'] is None) == (out['returned_at_once'] == 48)

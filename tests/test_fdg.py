@@ -94,9 +94,10 @@ def test_saved_forward_and_recompute_give_the_same_parameters(workdir, tmp_path)
 
 
 def test_placement_does_not_change_numbers(tmp_path):
+  """DESIGN's invariant: the 4 stages on 1, 2 and 4 devices, the same numbers bit for bit."""
   runs = [train_and_evaluate(fdg_config(4, **{'pipeline.num_devices': n, 'pipeline.beta': 0.7}),
-                             str(tmp_path / str(n))) for n in (1, 4)]
-  assert [len({str(s.device) for s in r.method.pipeline.stages}) for r in runs] == [1, 4]
+                             str(tmp_path / str(n))) for n in (1, 2, 4)]
+  assert [len({str(s.device) for s in r.method.pipeline.stages}) for r in runs] == [1, 2, 4]
   for r in runs[1:]:
     assert_trees_equal(r.variables, runs[0].variables)
 
@@ -123,7 +124,8 @@ def test_logs_the_split_devices_and_delays(workdir):
   lines = result.method.describe(result.state)
   assert 'into 3 stages' in lines[0]
   assert 'delay 4' in lines[1] and 'delay 2' in lines[2] and 'delay 0' in lines[3]
-  assert 'cpu:0' in lines[1] and 'cpu:2' in lines[3] and 'MB/step' in lines[1]
+  devices = jax.devices()  # named as jax names them (cpu:0 here; TFRT_CPU_0 with jax 0.7)
+  assert f'on {devices[0]}:' in lines[1] and f'on {devices[2]}:' in lines[3] and 'MB/step' in lines[1]
   # then the schedule as a table: stage 0 back-propagates micro-batch 0 at iteration 4 and updates
   table = [line.split() for line in lines if line.strip().startswith('stage 0 F0')]
   assert table and table[0][2:7] == ['F0', 'F1', 'F2', 'F3', 'F4B0*']

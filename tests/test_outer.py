@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from conftest import assert_trees_close, assert_trees_equal
-from test_resist import (initial_state, noisy, numpy_compress, reference_replica, replica_config, stored_part,
-                         worker_variables)
+from test_resist import (encoded_bytes, initial_state, noisy, numpy_compress, reference_replica, replica_config,
+                         stored_part, worker_variables)
 from jaxdecouple.errors import ConfigError
-from jaxdecouple.replica import SLOTS, compress, wire
+from jaxdecouple.replica import SLOTS, compress
 from jaxdecouple.replica.outer import OuterOptimizer
 from jaxdecouple.train import train_and_evaluate
 
@@ -125,12 +125,15 @@ def test_compressed_updates_with_error_feedback_match_numpy(method, bits, keep):
       assert_codec_close(jax.tree.map(lambda x: x[w], got), want, sent, bits)
       assert_codec_close(jax.tree.map(lambda x: x[w], jax.device_get(state.outer['error'])), error[w], sent, bits)
     anchor = got
-    t, gathered = engine.last_traffic, engine.averaging.gathered_bytes(state)
-    assert t.devices == 4 and t.all_gather == gathered == sum(  # each device holds one worker: its buffer
-        wire.encoded_size(int(np.prod(x.shape[1:])), bits, keep) for x in jax.tree.leaves(shared(state.params)))
+    # the bytes, counted here from the leaves: each device holds one worker, whose buffer is its shared
+    # layers' changes each encoded; the shared statistics go float32 into the all-reduce
+    t = engine.last_traffic
+    gathered = sum(encoded_bytes(x[0].size, bits, keep) for x in jax.tree.leaves(shared(state.params)))
+    stats = 4 * sum(x[0].size for x in jax.tree.leaves(shared(state.batch_stats)))
+    assert t.devices == 4 and t.all_gather == gathered and t.all_reduce == gathered + stats
     # what arrives from the collectives: the 3 other devices' buffers, and the float32 statistics as a ring
     # all-reduce moves them; more than the device put in (the figure logged before counted only that)
-    assert t.collective_received == 3 * gathered + 2 * 3 / 4 * (t.all_reduce - gathered) > t.all_reduce
+    assert t.collective_received == 3 * gathered + 2 * 3 / 4 * stats > t.all_reduce
     if layout.keys:  # blocks: the plain average over their holders, uncompressed
       nxt = layout.membership(r + 1)
       views = [layout.worker_network(params, member, v) for v in range(4)]
@@ -277,6 +280,11 @@ def test_bad_outer_settings_are_refused(method, overrides, field, workdir):
     train_and_evaluate(replica_config(method, **overrides), workdir)
 
 
+def stats_bytes(state):
+  """One worker's BatchNorm statistics (local SGD: every layer shared), float32, counted from the leaves."""
+  return 4 * sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(state.batch_stats))
+
+
 def test_the_two_stage_exchange_receives_bytes_that_do_not_grow_with_s():
   """Compressed updates of local SGD (8 bits), one worker per device: through the all-gather each device
   receives the S - 1 other workers' whole encoded updates; through the two-stage exchange the S - 1 chunks of
@@ -291,13 +299,13 @@ def test_the_two_stage_exchange_receives_bytes_that_do_not_grow_with_s():
     engine = method.engine
     engine.aggregate(state, 0)
     t = engine.last_traffic
-    stats = engine.averaging.stats_bytes(state)
+    stats = stats_bytes(state)
     assert t.all_reduce - t.all_gather - t.all_to_all == stats  # only the statistics stay float32
     received[workers, exchange] = t.collective_received - 2 * (workers - 1) / workers * stats
-  whole = sum(wire.encoded_size(int(np.prod(x.shape[1:])), 8, 0.0) for x in jax.tree.leaves(state.params))
+  whole = sum(encoded_bytes(int(np.prod(x.shape[1:])), 8, 0.0) for x in jax.tree.leaves(state.params))
   for workers in (2, 4):
-    chunk = wire.encoded_size(-(-sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(state.params)) // workers),
-                              8, 0.0)
+    chunk = encoded_bytes(-(-sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(state.params)) // workers),
+                          8, 0.0)
     assert received[workers, 'two_stage'] == 2 * (workers - 1) * chunk
   assert received[4, 'two_stage'] < 1.6 * whole < 3 * whole  # 3 whole copies: what the all-gather brings at S = 4
   # two workers a device (S = 4 on D = 2): the all-to-all brings each of a device's p = 2 workers the chunks of
@@ -306,9 +314,9 @@ def test_the_two_stage_exchange_receives_bytes_that_do_not_grow_with_s():
                                                     'replica.update_exchange': 'two_stage', 'replica.num_devices': 2})
   method, state = initial_state(config)
   method.engine.aggregate(state, 0)
-  t, stats = method.engine.last_traffic, method.engine.averaging.stats_bytes(state)
+  t, stats = method.engine.last_traffic, stats_bytes(state)
   assert method.engine.per_device == 2 and t.devices == 2
-  chunk = wire.encoded_size(-(-sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(state.params)) // 4), 8, 0.0)
+  chunk = encoded_bytes(-(-sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(state.params)) // 4), 8, 0.0)
   p, d = 2, 2
   # (the float32 statistics: a device sums its workers' before the ring all-reduce, so one copy goes in)
   assert t.collective_received - 2 * (d - 1) / d * stats == p * p * (d - 1) * chunk + p * (d - 1) * chunk
@@ -331,7 +339,9 @@ def test_a_compressed_exchange_holds_the_gathered_codes_not_a_dense_copy_per_wor
     compiled = averaging.finish[True].lower(state, tuple(averaging.pack_rows(state)) if averaging.layout.index else (),
                                            state.membership).compile()
     temp[workers] = compiled.memory_analysis().temp_size_in_bytes
-    codes[workers] = averaging.gathered_bytes(state)  # one worker's encoded shared parameters (or updates)
+    # one worker's shared parameters (or updates), each leaf encoded: what the all-gather is handed
+    codes[workers] = sum(encoded_bytes(int(np.prod(x.shape[1:])), 0, 0.25) for x in jax.tree.leaves(state.params))
+    assert averaging.gathered_bytes(state) == codes[workers]
   dense = 4 * sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(state.params))
   assert codes[4] == codes[2] and 0.45 * dense < codes[4] < 0.55 * dense  # values and indices of a quarter
   # (measured here: exactly the two workers' codes; the slack is for another XLA's buffer planning, and still
