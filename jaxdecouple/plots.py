@@ -108,11 +108,35 @@ def _figure_backend(path):
   return plt
 
 
+# Beside the figures of a folder: which matplotlib drew each (name -> version). The same records redraw a figure
+# byte for byte only with the same matplotlib (another release moves a label by a pixel), which is what
+# tests/test_study.py needs to know before it compares bytes.
+DRAWN_WITH = 'drawn_with.json'
+
+
 def _save(fig, path):
   if path is not None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches='tight', metadata={'Software': None})
+    _note_drawn_with(folder, os.path.basename(path))
   return fig
+
+
+def _note_drawn_with(folder: str, name: str) -> None:
+  import matplotlib
+  where = os.path.join(folder, DRAWN_WITH)
+  try:
+    with open(where, encoding='utf-8') as f:
+      drawn = json.load(f)
+  except (OSError, ValueError):
+    drawn = {}
+  if drawn.get(name) != matplotlib.__version__:
+    drawn[name] = matplotlib.__version__
+    with open(where + '.tmp', 'w', encoding='utf-8') as f:
+      json.dump(dict(sorted(drawn.items())), f, indent=0)
+      f.write('\n')
+    os.replace(where + '.tmp', where)
 
 
 def plot_diagnostics(runs: str | Mapping[str, str], path: str | None = None, title: str | None = None):

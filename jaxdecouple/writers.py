@@ -13,12 +13,17 @@ from typing import Any
 from absl import logging
 
 
+# Records from this package's files (by their path: absl names every record 'absl'); a path that merely
+# contains the word, as a library's in a virtual environment under ~/jaxdecouple/.venv does, is not ours.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 class _QuietLibraries(logging_std.Filter):
   """Drops INFO and DEBUG records of other libraries (orbax logs every file it writes), and orbax's
   errors: a failed checkpoint write is reported once, by jaxdecouple.checkpoint, with its cause."""
 
   def filter(self, record: logging_std.LogRecord) -> bool:
-    if 'jaxdecouple' in record.pathname or record.pathname.endswith('main.py'):
+    if os.path.abspath(record.pathname).startswith(_PACKAGE_DIR) or record.pathname.endswith('main.py'):
       return True
     if f'{os.sep}orbax{os.sep}' in record.pathname and record.levelno == logging_std.ERROR:
       return False

@@ -52,8 +52,10 @@ def test_random_resized_box_follows_its_definition():
       assert 0 <= x and 0 <= y and x + cw <= w and y + ch <= h and cw > 0 and ch > 0
       if (cw, ch) != (w, h) and x == (w - cw) / 2 and y == (h - ch) / 2:
         continue  # the fallback: centre crop clamped to the aspect range
-      assert 0.08 * w * h * 0.9 <= cw * ch <= w * h  # area in [8%, 100%] (rounding of the sides)
-      assert 3 / 4 * 0.8 <= cw / ch <= 4 / 3 * 1.25
+      # the sides are sqrt(area * aspect) and sqrt(area / aspect) for an area in [8%, 100%] and an aspect in
+      # [3/4, 4/3], each rounded to a whole pixel: within half a pixel of sides that meet both ranges
+      assert (cw - 0.5) * (ch - 0.5) <= w * h and (cw + 0.5) * (ch + 0.5) >= 0.08 * w * h
+      assert (cw - 0.5) / (ch + 0.5) <= 4 / 3 and (cw + 0.5) / (ch - 0.5) >= 3 / 4
   # large images always succeed in 10 tries: areas cover the range, aspects too
   boxes = np.array([stream.random_resized_box(rng, 1000, 1000) for _ in range(2000)])
   areas = boxes[:, 2] * boxes[:, 3] / 1e6

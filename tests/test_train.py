@@ -450,3 +450,18 @@ def test_bfloat16_compute_trains_like_float32(workdir, tmp_path):
                                        **{'pipeline.num_stages': 2}), str(tmp_path / 'fdg'))
   (x, _), (grad,) = fdg.state.stages[1].inbox, fdg.state.stages[0].grad_inbox
   assert x.dtype == grad.dtype == jnp.bfloat16
+
+
+def test_library_logs_are_quiet_wherever_the_environment_lives():
+  """The console keeps this package's INFO lines and drops other libraries' (orbax logs every file it writes),
+  told apart by where the file lies: a library in a virtual environment under a folder named jaxdecouple is
+  still a library (its INFO lines once passed as ours, found by .ci/lower_bounds, whose venv is so named)."""
+  import logging
+  from jaxdecouple import writers
+  record = lambda path, level=logging.INFO: logging.LogRecord('absl', level, path, 1, 'm', None, None)
+  quiet = writers._QuietLibraries()
+  assert quiet.filter(record(os.path.join(os.path.dirname(writers.__file__), 'train.py')))
+  orbax = '/home/u/jaxdecouple/.venv/lib/python3.11/site-packages/orbax/checkpoint/checkpoint_manager.py'
+  assert not quiet.filter(record(orbax))
+  assert quiet.filter(record(orbax.replace('orbax/checkpoint', 'optax'), logging.WARNING))  # everyone's warnings
+  assert not quiet.filter(record(orbax, logging.ERROR))  # orbax's errors: reported once, by checkpoint.py
