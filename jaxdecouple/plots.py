@@ -124,19 +124,35 @@ def _save(fig, path):
 
 
 def _note_drawn_with(folder: str, name: str) -> None:
+  """Records ``name``'s matplotlib in the folder's DRAWN_WITH. Two studies may report into one folder at once:
+  the read-modify-write holds a lock (fcntl where there is one), and the new file takes the old one's place
+  whole (a temporary file of its own, then os.replace), so no entry is lost and no reader sees half a file."""
+  import tempfile
   import matplotlib
   where = os.path.join(folder, DRAWN_WITH)
-  try:
-    with open(where, encoding='utf-8') as f:
-      drawn = json.load(f)
-  except (OSError, ValueError):
-    drawn = {}
-  if drawn.get(name) != matplotlib.__version__:
+  with open(where + '.lock', 'a', encoding='utf-8') as lock:
+    try:
+      import fcntl
+      fcntl.flock(lock, fcntl.LOCK_EX)
+    except ImportError:  # not POSIX: one writer at a time is the user's to keep
+      pass
+    try:
+      with open(where, encoding='utf-8') as f:
+        drawn = json.load(f)
+    except FileNotFoundError:
+      drawn = {}
+    if drawn.get(name) == matplotlib.__version__:
+      return
     drawn[name] = matplotlib.__version__
-    with open(where + '.tmp', 'w', encoding='utf-8') as f:
-      json.dump(dict(sorted(drawn.items())), f, indent=0)
-      f.write('\n')
-    os.replace(where + '.tmp', where)
+    handle, temporary = tempfile.mkstemp(prefix=DRAWN_WITH, suffix='.tmp', dir=folder)
+    try:
+      with os.fdopen(handle, 'w', encoding='utf-8') as f:
+        json.dump(dict(sorted(drawn.items())), f, indent=0)
+        f.write('\n')
+      os.replace(temporary, where)
+    except BaseException:
+      os.unlink(temporary)
+      raise
 
 
 def plot_diagnostics(runs: str | Mapping[str, str], path: str | None = None, title: str | None = None):

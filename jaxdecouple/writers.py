@@ -13,9 +13,11 @@ from typing import Any
 from absl import logging
 
 
-# Records from this package's files (by their path: absl names every record 'absl'); a path that merely
-# contains the word, as a library's in a virtual environment under ~/jaxdecouple/.venv does, is not ours.
+# Records from this package's files and the checkout's main.py beside it (by their path: absl names every record
+# 'absl'); a path that merely contains the word, as a library's in a virtual environment under ~/jaxdecouple/.venv
+# does, is not ours, nor is another library's main.py.
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_MAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'main.py')
 
 
 class _QuietLibraries(logging_std.Filter):
@@ -23,7 +25,8 @@ class _QuietLibraries(logging_std.Filter):
   errors: a failed checkpoint write is reported once, by jaxdecouple.checkpoint, with its cause."""
 
   def filter(self, record: logging_std.LogRecord) -> bool:
-    if os.path.abspath(record.pathname).startswith(_PACKAGE_DIR) or record.pathname.endswith('main.py'):
+    path = os.path.abspath(record.pathname)
+    if path.startswith(_PACKAGE_DIR) or path == _MAIN:
       return True
     if f'{os.sep}orbax{os.sep}' in record.pathname and record.levelno == logging_std.ERROR:
       return False

@@ -118,6 +118,9 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True, 
   orders = [TrainOrder(len(ds.x_train), config.batch_size, config.seed, stream=w) for w in range(S)]
   pre = preprocess_for(ds, config.data)
   spe = len(ds.x_train) // config.batch_size
+  # a state per block equals the engine's per worker (one Adam step count) only while every block a worker holds
+  # steps every step, the state restarts every round and the rate inside tx is the run's (before a milestone)
+  assert not tx or (r.momentum == 'restart' and steps <= (config.optim.milestones or (math.inf,))[0] * spe)
 
   def owned(w, round_index):
     if not partition:

@@ -37,6 +37,7 @@ def reference_bp(config, steps, tx=None):
   order = TrainOrder(len(ds.x_train), config.batch_size, config.seed)
   pre = preprocess_for(ds, config.data)  # crop 4, flip, normalised (text: the bytes as they are)
   spe = order.steps_per_epoch
+  assert not tx or steps <= (config.optim.milestones or (float('inf'),))[0] * spe  # tx's rate: before a milestone
   forward = jax.jit(lambda p, s, x: model.apply({'params': p, 'batch_stats': s}, x, train=True))  # speed only
   for t in range(steps):
     idx = order.indices(t)
@@ -455,13 +456,17 @@ def test_bfloat16_compute_trains_like_float32(workdir, tmp_path):
 def test_library_logs_are_quiet_wherever_the_environment_lives():
   """The console keeps this package's INFO lines and drops other libraries' (orbax logs every file it writes),
   told apart by where the file lies: a library in a virtual environment under a folder named jaxdecouple is
-  still a library (its INFO lines once passed as ours, found by .ci/lower_bounds, whose venv is so named)."""
+  still a library (its INFO lines once passed as ours, found by .ci/lower_bounds, whose venv is so named), and
+  only the checkout's main.py counts as ours, not another package's."""
   import logging
   from jaxdecouple import writers
   record = lambda path, level=logging.INFO: logging.LogRecord('absl', level, path, 1, 'm', None, None)
   quiet = writers._QuietLibraries()
   assert quiet.filter(record(os.path.join(os.path.dirname(writers.__file__), 'train.py')))
-  orbax = '/home/u/jaxdecouple/.venv/lib/python3.11/site-packages/orbax/checkpoint/checkpoint_manager.py'
+  assert quiet.filter(record(os.path.join(ROOT, 'main.py')))
+  site = os.path.join(os.sep, 'home', 'u', 'jaxdecouple', '.venv', 'lib', 'python3.11', 'site-packages')
+  orbax = os.path.join(site, 'orbax', 'checkpoint', 'checkpoint_manager.py')
   assert not quiet.filter(record(orbax))
-  assert quiet.filter(record(orbax.replace('orbax/checkpoint', 'optax'), logging.WARNING))  # everyone's warnings
+  assert not quiet.filter(record(os.path.join(site, 'tensorflow_datasets', 'scripts', 'cli', 'main.py')))
+  assert quiet.filter(record(os.path.join(site, 'optax', 'x.py'), logging.WARNING))  # everyone's warnings
   assert not quiet.filter(record(orbax, logging.ERROR))  # orbax's errors: reported once, by checkpoint.py
