@@ -260,6 +260,8 @@ def test_a_resumed_outer_run_on_fewer_devices_matches_the_reference(workdir):
     ('resist', {'replica.compress': 'gradients'}, 'replica.compress'),
     ('localsgd', {'replica.compress': 'updates'}, 'replica.compress'),
     ('ensemble', {'replica.compress': 'updates', 'replica.sparsify': 0.25}, 'replica.compress'),
+    ('ensemble', {'replica.quantize_bits': 8}, 'replica.quantize_bits'),  # sends nothing: refused, not ignored
+    ('ensemble', {'replica.sparsify': 0.25}, 'replica.sparsify'),
     ('localsgd', {'replica.update_exchange': 'two_stage', 'replica.sparsify': 0.25}, 'replica.update_exchange'),
     ('localsgd', {'replica.update_exchange': 'ring'}, 'replica.update_exchange'),
     ('resist', {**DILOCO, 'replica.quantize_bits': 8}, 'replica.compress'),  # outer steps compress updates only

@@ -91,6 +91,9 @@ def validate(config, name: str, partition: bool, average: bool) -> None:
          "set replica.compress='updates' (or drop replica.quantize_bits / replica.sparsify)")
   if r.compress == 'updates' and not average:
     fail('replica.compress', f'{name} never averages, so it sends no updates (leave it at weights)')
+  if not average and (r.quantize_bits or r.sparsify):
+    fail('replica.quantize_bits' if r.quantize_bits else 'replica.sparsify',
+         f'{name} never averages, so it sends nothing to compress (leave quantize_bits and sparsify at 0)')
   if not r.error_feedback and r.compress != 'updates':
     fail('replica.error_feedback', "carries what a compressed update did not send into the next round; it acts with "
          "replica.compress='updates' only (set that, or leave it at True)")
