@@ -52,10 +52,12 @@ def install_cell() -> str:
 def test_the_install_cell_installs_only_what_is_missing_or_below_its_bound(tmp_path, monkeypatch):
   """The install cell, run in a project folder whose pyproject.toml asks for what this environment has, calls
   no pip; asking for a version above the installed one (as a runtime's older preinstalled optax would be), or
-  for a package that is not installed, it runs `pip install PROJECT[tfds]` once and names what was short. The
+  for a package that is not installed (tensorflow-datasets included where the Debian package does not hold
+  Fashion-MNIST), it runs `pip install PROJECT[tfds]` once and names what was short. The
   bounds are read from the project's own pyproject.toml, and this checkout's meets them here."""
   import contextlib
   import importlib.metadata
+  import importlib.util
   import io
   import subprocess
   import sys
@@ -87,6 +89,15 @@ def test_the_install_cell_installs_only_what_is_missing_or_below_its_bound(tmp_p
   with contextlib.redirect_stdout(io.StringIO()):
     exec(install_cell(), {'os': os, '__name__': 'cell'})
   assert calls == []
+  # without the Debian package's Fashion-MNIST and without tensorflow-datasets the data has no way in: it installs
+  isdir, find_spec = os.path.isdir, importlib.util.find_spec
+  monkeypatch.setattr(os.path, 'isdir', lambda p: p != '/usr/share/datasets/fashion-mnist' and isdir(p))
+  monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name == 'tensorflow_datasets'
+                      else find_spec(name, *a))
+  calls.clear()
+  with contextlib.redirect_stdout(io.StringIO()):
+    exec(install_cell(), {'os': os, '__name__': 'cell'})
+  assert len(calls) == 1 and calls[0][5] == f'{project}[tfds]', calls
 
 
 def test_the_package_ships_every_subpackage_and_the_configs():
