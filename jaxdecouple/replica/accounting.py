@@ -69,5 +69,5 @@ def describe(engine: Replica, state: ReplicaState) -> list[str]:
     lines.append(f'  communication per round, model (Table 1\'s count): {model["total"] / 1e9:.3f} GB for all '
                  f'workers ({model["sent_per_worker"] / 1e6:.1f} MB sent, {model["received_per_worker"] / 1e6:.1f} '
                  f'MB received per worker; local SGD: {full / 1e9:.3f} GB); measured figures are logged each '
-                 'round as sent_mb, received_mb, all_reduce_mb')
+                 'round as sent_mb, received_mb, all_reduce_mb, collective_received_mb')
   return lines
