@@ -46,8 +46,8 @@ READING = (
     'At S=2 and 16 epochs the outer step lowers both methods\' test error, ResIST\'s more: local SGD from 23.01% to '
     '20.39%, ResIST from 25.44% to 21.93% (medians of 3 seeds). ResIST with its outer step now beats plain local SGD '
     '(-0.95 points), but its gap to local SGD with the same outer step, +1.22 points, misses the 1.0-point target '
-    '(plain: +2.70). It reaches the row\'s target error sooner than any other column (1239 s against 1623 s for '
-    'local SGD + outer, on this machine).',
+    '(plain: +2.70). It reaches the row\'s target error sooner than local SGD + outer (1239 s of training against '
+    '1623 s, medians, both on the AMD EPYC host: a ResIST step trains a shallower network).',
     "Bytes: with the picked outer momentum a ResIST round moves 0.462 MB per device at S=4 against plain ResIST's "
     "0.388 (1.19x), since a block's outer momentum travels with the block; local SGD's round is unchanged (0.911). "
     "The target's \"unchanged bytes per round\" is therefore missed by the rule's pick as well; the setting that "
