@@ -55,7 +55,7 @@ READING = (
     "the round's, and the outer step does not make up for that in 8 epochs; every S=4 column has levelled off (its "
     'last 20% of epochs moves the error by half a point or less).',
     "Compressed updates (seed 0 so far, plain averaging, the two-stage exchange) end above plain ResIST: 8 bits "
-    "at 35.54% and 4 bits at 34.84%, against 33.42% (31.94-33.72 over the seeds) for ResIST uncompressed, while "
+    "at 35.54% and 4 bits at 34.84%, against 33.42% (31.94 to 33.72 over the seeds) for ResIST uncompressed, while "
     'moving 0.40x and 0.30x of its bytes per device. One seed each, and 4 bits below 8: the 1 to 2 points are '
     'near the seeds\' spread; the 25% kept runs (3 seeds) decide the check.',
     "Bytes: with the picked outer momentum a ResIST round moves 0.462 MB per device at S=4 against plain ResIST's "
