@@ -251,33 +251,37 @@ def test_divergence_over_processes_stops_every_process_with_one_line(tmp_path):
   assert len(steps) == 1, steps  # the same step in both
 
 
-@pytest.mark.parametrize('stuck', [0, 1])
-def test_a_deadlocked_main_thread_stops_every_process_with_one_line(tmp_path, stuck):
+def test_a_deadlocked_main_thread_stops_every_process_with_one_line(tmp_path):
   """One process's main thread deadlocks right after its checkpoint at step 4 (a lock taken twice), its other
   threads running on, so it keeps beating and the heartbeat alone never stops anyone (before: both waited for
   ever). With distributed.stall_timeout_s = 10 (scaled for a loaded machine), that process stops with one line
   naming itself and where its main thread is stuck, and the other (waiting for its activations or gradients,
   or in an agreement) stops with that line; both exit 2 within a bound (not -6: process 0 hosts the
   coordination service, and the two leave it together), and the checkpoint of step 4 both wrote is named and
-  intact."""
-  steps, ckpt, other = 60, tmp_path / 'w' / 'st' / 'checkpoints', 1 - stuck
+  intact. Both cases (process 0 stuck, process 1 stuck) run at once, each a 2-process run of its own: most of
+  their time is the stall's wait, which they then share."""
+  steps = 60
   # 10 s on an unloaded machine: more than the first step's compilation, which marks no progress while it runs
   stall_s = round(scaled_timeout(10))
-  procs = start(tmp_path, 1, [f'st:fdg:2:{steps}:ckpt=2:stall={stuck}@4:stall_s={stall_s}'])
+  procs = {stuck: start(tmp_path, 1, [f'st:fdg:2:{steps}:ckpt=2:stall={stuck}@4:stall_s={stall_s}'],
+                        tag=f'stuck{stuck}_p', workdir=f'w{stuck}') for stuck in (0, 1)}
   try:
-    outs = [communicate_within(p, 150, f'waiting for process {i} to stop after process {stuck} deadlocked')[0]
-            for i, p in enumerate(procs)]
+    outs = {stuck: [communicate_within(p, 150, f'waiting for process {i} to stop after process {stuck} deadlocked')[0]
+                    for i, p in enumerate(pair)] for stuck, pair in procs.items()}
   finally:
-    for p in procs:
-      p.kill()
-  lines = [[line for line in out.splitlines() if line.startswith('error:')] for out in outs]
-  assert [p.returncode for p in procs] == [2, 2] and [len(x) for x in lines] == [1, 1], outs
-  assert not any('Traceback' in out for out in outs), outs
-  mine = lines[stuck][0]
-  assert mine.startswith(f"error: process {stuck}'s main thread has made no progress for ") and \
-      'in deadlock (from train.py' in mine and 'the newest checkpoint every process wrote is step 4' in mine, mine
-  who = 'process 0 (it runs the coordination service)' if stuck == 0 else 'process 1'
-  assert lines[other][0] == f'error: another process stopped ({who}: {mine[len("error: "):]}); fix that and ' \
-      'restart every process with the same --workdir', lines
-  for i in range(2):
-    assert '4.npz' in os.listdir(ckpt / f'process_{i}'), os.listdir(ckpt / f'process_{i}')
+    for pair in procs.values():
+      for p in pair:
+        p.kill()
+  for stuck, pair in procs.items():
+    other, out, ckpt = 1 - stuck, outs[stuck], tmp_path / f'w{stuck}' / 'st' / 'checkpoints'
+    lines = [[line for line in o.splitlines() if line.startswith('error:')] for o in out]
+    assert [p.returncode for p in pair] == [2, 2] and [len(x) for x in lines] == [1, 1], (stuck, out)
+    assert not any('Traceback' in o for o in out), (stuck, out)
+    mine = lines[stuck][0]
+    assert mine.startswith(f"error: process {stuck}'s main thread has made no progress for ") and \
+        'in deadlock (from train.py' in mine and 'the newest checkpoint every process wrote is step 4' in mine, mine
+    who = 'process 0 (it runs the coordination service)' if stuck == 0 else 'process 1'
+    assert lines[other][0] == f'error: another process stopped ({who}: {mine[len("error: "):]}); fix that and ' \
+        'restart every process with the same --workdir', lines
+    for i in range(2):
+      assert '4.npz' in os.listdir(ckpt / f'process_{i}'), os.listdir(ckpt / f'process_{i}')
