@@ -1,5 +1,6 @@
 """Pipeline methods with their stages in different processes (jax.distributed on loopback, JAX's
 cross-process transfers between stages) give the one-process numbers, bit for bit, and survive faults."""
+import atexit
 import glob
 import os
 import shutil
@@ -22,9 +23,11 @@ from conftest import (FAST_COMPILE_XLA_FLAGS, communicate_within, run_within, sc
 # process of 1 device (pool 1) rounds differently from the reference of 2 (pool 2), by one ulp at the first
 # step. PJRT_NPROC gives every process here the same pool (at least 2, the most devices any of them has; on
 # 2 cores that is the default, on more it is the number of cores).
+# The cache folder goes when this test process exits.
+STAGE_PROGRAM_CACHE = tempfile.mkdtemp(prefix='jaxdecouple-pipeline-processes-')
+atexit.register(shutil.rmtree, STAGE_PROGRAM_CACHE, ignore_errors=True)
 ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': FAST_COMPILE_XLA_FLAGS, 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
-       'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0',
-       'JAX_COMPILATION_CACHE_DIR': tempfile.mkdtemp(prefix='jaxdecouple-pipeline-processes-'),
+       'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0', 'JAX_COMPILATION_CACHE_DIR': STAGE_PROGRAM_CACHE,
        'PJRT_NPROC': str(max(2, len(os.sched_getaffinity(0))))}
 from test_multiprocess import free_port  # noqa: E402
 
