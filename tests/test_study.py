@@ -135,6 +135,15 @@ def test_gaps_pair_seeds_and_checks_decide(tmp_path):
   half = study_lib.Claim('half', 'M', rows, factor=0.5)
   assert study_lib.check(study, workdir, half).startswith('- half: **no** (')
   assert study_lib.check(study, workdir, study_lib.Claim('half', 'M', rows, factor=0.75)).startswith('- half: **yes**')
+  # "comparable" (either side): +1.50 is within 2 either way; -1.50 (BP against M) is within 1.5 one way only
+  assert study_lib.check(study, workdir, study_lib.Claim('either', 'M', rows[:1], 2.0, either_side=True)).startswith(
+      '- either: **met** (A, K=2: +1.50, n=2)')
+  assert study_lib.check(study, workdir, study_lib.Claim('one way', 'BP', rows[:1], 1.0, baseline='M')).startswith(
+      '- one way: **met** (A, K=2: -1.50, n=2)')
+  assert study_lib.check(study, workdir, study_lib.Claim('either way', 'BP', rows[:1], 1.0, baseline='M',
+                                                         either_side=True)).startswith('- either way: **missed** (A, K=2: -1.50, n=2)')
+  with pytest.raises(ValueError, match='either side bounds one row'):
+    study_lib.Claim('x', 'M', rows, either_side=True)
   with pytest.raises(ValueError, match='a factor in'):
     study_lib.Claim('x', 'M', rows[:1], 1.0, factor=0.5)
   with pytest.raises(ValueError, match='one row needs a limit'):

@@ -52,7 +52,8 @@ class Claim:
   """A check the report makes from the finished runs: a target of ours or a finding of the paper.
 
   With one row: the column's gap to ``baseline`` in that row (test error points, median over the
-  seeds both finished of the per-seed difference) is at most ``limit``. With several rows: that gap
+  seeds both finished of the per-seed difference) is at most ``limit``; with ``either_side``, at most ``limit``
+  either way (a paper's "comparable": a column far better than its baseline does not bear it out either). With several rows: that gap
   grows from each row to the next (as DGL's does with K in the FDG paper). With a ``reference`` (one
   row): the column's median test error is within ``limit`` points of that figure, either side (another
   code's result on the same data, which has no seeds to pair with ours). ``factor`` (several rows): each
@@ -67,6 +68,7 @@ class Claim:
   factor: float = 1.0
   baseline_row: str | None = None  # one row: the baseline's runs come from this row (the same method in another
   #                                  setting, e.g. ResIST at L = 200 against ResIST at L = 50), paired by seed
+  either_side: bool = False  # one row, a limit: |gap| <= limit rather than gap <= limit
 
   def __post_init__(self):
     if (len(self.rows) == 1) != (self.limit is not None):
@@ -75,6 +77,8 @@ class Claim:
       raise ValueError(f'claim {self.text!r}: a reference figure is checked in one row, with a limit')
     if self.baseline_row is not None and (len(self.rows) != 1 or self.reference is not None):
       raise ValueError(f'claim {self.text!r}: a baseline row is compared with one row, by a limit')
+    if self.either_side and (self.limit is None or len(self.rows) != 1 or self.reference is not None):
+      raise ValueError(f'claim {self.text!r}: either side bounds one row\'s gap by a limit')
     if self.factor != 1.0 and (len(self.rows) < 2 or not 0 < self.factor < 1):
       raise ValueError(f'claim {self.text!r}: a factor in (0, 1) compares the gaps of several rows')
 

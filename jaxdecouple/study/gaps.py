@@ -82,7 +82,7 @@ def check(study: Study, workdir: str, claim: Claim) -> str:
     return f'- {claim.text}: waiting for runs ({shown})'
   values = [round(g[0], 2) for _, g in gaps]  # decided on the figures shown
   if claim.limit is not None:
-    verdict = 'met' if values[0] <= claim.limit else 'missed'
+    verdict = 'met' if (abs(values[0]) if claim.either_side else values[0]) <= claim.limit else 'missed'
   elif claim.factor != 1.0:
     verdict = 'yes' if all(a <= claim.factor * b for a, b in zip(values, values[1:])) else 'no'
   else:
