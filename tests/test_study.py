@@ -135,7 +135,7 @@ def test_gaps_pair_seeds_and_checks_decide(tmp_path):
   half = study_lib.Claim('half', 'M', rows, factor=0.5)
   assert study_lib.check(study, workdir, half).startswith('- half: **no** (')
   assert study_lib.check(study, workdir, study_lib.Claim('half', 'M', rows, factor=0.75)).startswith('- half: **yes**')
-  # "comparable" (either side): +1.50 is within 2 either way; -1.50 (BP against M) is within 1.5 one way only
+  # "comparable" (either side): +1.50 is within 2 either way; -1.50 (BP against M) is within 1.0 one way only
   assert study_lib.check(study, workdir, study_lib.Claim('either', 'M', rows[:1], 2.0, either_side=True)).startswith(
       '- either: **met** (A, K=2: +1.50, n=2)')
   assert study_lib.check(study, workdir, study_lib.Claim('one way', 'BP', rows[:1], 1.0, baseline='M')).startswith(
