@@ -54,10 +54,11 @@ class Claim:
   With one row: the column's gap to ``baseline`` in that row (test error points, median over the
   seeds both finished of the per-seed difference) is at most ``limit``; with ``either_side``, at most
   ``limit`` either way (a paper's "comparable": a column far better than its baseline does not bear it out
-  either). With several rows: that gap grows from each row to the next (as DGL's does with K in the FDG paper). With a ``reference`` (one
-  row): the column's median test error is within ``limit`` points of that figure, either side (another
-  code's result on the same data, which has no seeds to pair with ours). ``factor`` (several rows): each
-  row's gap is at most that fraction of the next row's (0.5: "at most half"; 1, the default: smaller).
+  either). With several rows: that gap grows from each row to the next (as DGL's does with K in the FDG
+  paper). With a ``reference`` (one row): the column's median test error is within ``limit`` points of that
+  figure, either side (another code's result on the same data, which has no seeds to pair with ours).
+  ``factor`` (several rows): each row's gap is at most that fraction of the next row's (0.5: "at most half";
+  1, the default: smaller).
   """
   text: str
   column: str
