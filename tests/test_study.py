@@ -361,7 +361,7 @@ def test_time_left_goes_by_the_same_cell_then_column_then_study(tmp_path, capsys
   left = time_left(study, workdir)
   # A/BP seed 2: its cell, median(100, 300) = 200; A/M seeds 1, 2: their cell, 90 each; B/BP x3: the column
   # BP, 200 each; B/M x3: the column M, 90 each
-  assert left == {'runs': 9, 'seconds': 200 + 2 * 90 + 3 * 200 + 3 * 90, 'by_cell': 3, 'by_column': 6,
+  assert left == {'runs': 9, 'seconds': 200 + 2 * 90 + 3 * 200 + 3 * 90, 'by_itself': 0, 'by_cell': 3, 'by_column': 6,
                   'by_study': 0, 'unknown': 0}
   other = study_lib.Study('t', 'T', 'd', 'r', tuple(runs) + (study_lib.Run('C', 'N', 0, build=None),))
   assert time_left(other, workdir)['by_study'] == 1 and time_left(other, workdir)['seconds'] == 1250 + 100.0
@@ -373,8 +373,26 @@ def test_time_left_goes_by_the_same_cell_then_column_then_study(tmp_path, capsys
   from jaxdecouple.study.left import left_line
   assert left_line(study, workdir) == (
       f'study t: 8 of 12 runs left, about {(left["seconds"] - 90) / 3600:.1f} h one after another, each estimated by '
-      'the median time of finished runs, on the machines that ran them, of 3 from the same cell (other seeds); 5 '
-      'from the same column; --jobs divides it by the processes the cores can carry')
+      'the median time of finished runs, on the machines that ran them, or its own pace: 3 from the same cell (other '
+      'seeds); 5 from the same column; --jobs divides it by the processes the cores can carry')
+  # B/BP seed 0 under way: 2 of its 4 epochs evaluated, in 35 + 5 and (the last record of its step, logged again
+  # after a resume) 60 + 5 seconds: 2 epochs left at the median, 52.5 s; its cell's other seeds go by it as a whole
+  # run, 4 x 52.5 s, rather than by the column (200 s each)
+  under_way = study_lib.run_dir(workdir, runs[6])
+  os.makedirs(under_way)
+  with open(os.path.join(under_way, 'config.json'), 'w') as f:
+    json.dump({'num_epochs': 4, 'max_steps': 0}, f)
+  with open(os.path.join(under_way, 'metrics.jsonl'), 'w') as f:
+    f.writelines(json.dumps({'kind': 'eval', 'step': 2 * e, 'epoch': float(e), 'epoch_time_s': t, 'eval_time_s': 5.0})
+                 + '\n' for e, t in ((1, 35.0), (2, 40.0), (2, 60.0)))
+  from jaxdecouple.study.left import own_pace
+  assert own_pace(workdir, runs[6]) == (pytest.approx(52.5), 2.0, 4.0)
+  assert time_left(study, workdir) == dict(left, runs=8, seconds=left['seconds'] - 90 - 3 * 200 + 2 * 52.5 + 2 * 4 * 52.5,
+                                           by_itself=1, by_cell=5, by_column=2)
+  for damaged in ('{"num_epochs": 4, "max_steps": 100}', '{"num_epochs": 4'):  # a step limit, a cut file: no pace
+    with open(os.path.join(under_way, 'config.json'), 'w') as f:
+      f.write(damaged)
+    assert own_pace(workdir, runs[6]) is None
   assert study_lib.main(['--study=tiny', f'--workdir={tmp_path / "none"}', '--left']) == 0
   assert capsys.readouterr().out == 'study tiny: 4 of 4 runs left (no finished run yet to estimate their time)\n'
 

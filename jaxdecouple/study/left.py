@@ -2,12 +2,15 @@
 
 Studies here run for days on a few cores, across machines that are replaced between sessions: whoever
 continues one wants to know, before starting, whether what is left is an afternoon or a week. The estimate
-is a model, labelled so where it is printed: each unfinished run is assumed to take what the finished runs
-of the same table cell took on other seeds (else of the same column, else of the whole study), on the
-machines that ran them.
+is a model, labelled so where it is printed: a run under way (stopped or running, with an evaluation
+recorded) is assumed to go on at its own pace, here; every other unfinished run to take what the finished runs
+of the same table cell took on other seeds (a run under way counting as a whole run at its pace), else of the
+same column, else of the whole study, on the machines that ran them.
 """
 from __future__ import annotations
 
+import json
+import os
 import statistics
 
 from jaxdecouple.study.core import Study, finished_record, is_finished, run_dir
@@ -30,18 +33,57 @@ def run_seconds(workdir: str, run) -> float | None:
   return total or None
 
 
+def own_pace(workdir: str, run) -> tuple[float, float, float] | None:
+  """A run's pace so far: (the median of its epochs' training and evaluation seconds, the last epoch it
+  evaluated, the epochs its config.json plans), from metrics.jsonl; None for a run with no evaluation yet, no
+  readable config.json, or a step limit (``max_steps``) rather than epochs."""
+  folder = run_dir(workdir, run)
+  try:
+    with open(os.path.join(folder, 'config.json'), encoding='utf-8') as f:
+      config = json.load(f)
+  except (OSError, ValueError):
+    return None
+  total = config.get('num_epochs') if isinstance(config, dict) else None
+  if not isinstance(total, (int, float)) or config.get('max_steps'):
+    return None
+  evals = {r['step']: r for r in read_metrics(folder) if r['kind'] == 'eval'}
+  epochs = [r['epoch_time_s'] + (r.get('eval_time_s') or 0.0) for r in evals.values()
+            if isinstance(r.get('epoch_time_s'), (int, float))]
+  done = [r['epoch'] for r in evals.values() if isinstance(r.get('epoch'), (int, float))]
+  if not epochs or not done:
+    return None
+  return statistics.median(epochs), max(done), float(total)
+
+
+def own_pace_left(workdir: str, run) -> float | None:
+  """Seconds a run under way still needs at its own pace: its epochs left times its seconds an epoch."""
+  if (pace := own_pace(workdir, run)) is None:
+    return None
+  per_epoch, done, total = pace
+  return max(total - done, 0.0) * per_epoch
+
+
 def time_left(study: Study, workdir: str) -> dict:
   """The unfinished runs and the estimated seconds they need one after another: ``runs`` left, ``seconds``,
-  and how many were estimated from the same cell (``by_cell``), the same column (``by_column``) or the whole
-  study (``by_study``); ``unknown`` with no finished run to go by."""
+  and how many were estimated at their own pace (``by_itself``: under way), from the same cell (``by_cell``), the
+  same column (``by_column``) or the whole study (``by_study``); ``unknown`` with no finished run to go by."""
   took = {run.name: run_seconds(workdir, run) for run in study.runs}
   done = [run for run in study.runs if took[run.name] is not None]
   left = [run for run in study.runs if not is_finished(workdir, run)]  # a finished run with no times is not left
-  counts = {'runs': len(left), 'seconds': 0.0, 'by_cell': 0, 'by_column': 0, 'by_study': 0, 'unknown': 0}
+  for run in left:  # a run under way stands for its cell's other seeds too: a whole run at its pace
+    if (pace := own_pace(workdir, run)) is not None:
+      took[run.name] = pace[0] * pace[2]
+      done.append(run)
+  counts = {'runs': len(left), 'seconds': 0.0, 'by_itself': 0, 'by_cell': 0, 'by_column': 0, 'by_study': 0,
+            'unknown': 0}
   for run in left:
+    if (own := own_pace_left(workdir, run)) is not None:
+      counts['seconds'] += own
+      counts['by_itself'] += 1
+      continue
     for kind, alike in (('by_cell', lambda r: r.row == run.row and r.column == run.column),
                         ('by_column', lambda r: r.column == run.column), ('by_study', lambda r: True)):
-      if seconds := [took[r.name] for r in done if alike(r)]:
+      if seconds := [took[r.name] for r in done if alike(r) and r is not run]:
         counts['seconds'] += statistics.median(seconds)
         counts[kind] += 1
         break
@@ -57,10 +99,10 @@ def left_line(study: Study, workdir: str) -> str:
     return f'study {study.name}: every run has finished'
   if c['unknown'] == c['runs']:
     return f'study {study.name}: {c["runs"]} of {len(study.runs)} runs left (no finished run yet to estimate their time)'
-  basis = {'by_cell': 'the same cell (other seeds)', 'by_column': 'the same column',
+  basis = {'by_itself': 'itself (under way: its epochs left at its own pace)', 'by_cell': 'the same cell (other seeds)', 'by_column': 'the same column',
            'by_study': 'the whole study (the roughest)'}
   how = '; '.join(f'{c[k]} from {basis[k]}' for k in basis if c[k])
   unknown = f'; {c["unknown"]} with nothing to go by' if c['unknown'] else ''
   return (f'study {study.name}: {c["runs"]} of {len(study.runs)} runs left, about {c["seconds"] / 3600:.1f} h one '
-          f'after another, each estimated by the median time of finished runs, on the machines that ran them, of '
-          f'{how}{unknown}; --jobs divides it by the processes the cores can carry')
+          f'after another, each estimated by the median time of finished runs, on the machines that ran them, or '
+          f'its own pace: {how}{unknown}; --jobs divides it by the processes the cores can carry')
