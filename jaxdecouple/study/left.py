@@ -55,13 +55,6 @@ def own_pace(workdir: str, run) -> tuple[float, float, float] | None:
   return statistics.median(epochs), max(done), float(total)
 
 
-def own_pace_left(workdir: str, run) -> float | None:
-  """Seconds a run under way still needs at its own pace: its epochs left times its seconds an epoch."""
-  if (pace := own_pace(workdir, run)) is None:
-    return None
-  per_epoch, done, total = pace
-  return max(total - done, 0.0) * per_epoch
-
 
 def time_left(study: Study, workdir: str) -> dict:
   """The unfinished runs and the estimated seconds they need one after another: ``runs`` left, ``seconds``,
@@ -70,20 +63,22 @@ def time_left(study: Study, workdir: str) -> dict:
   took = {run.name: run_seconds(workdir, run) for run in study.runs}
   done = [run for run in study.runs if took[run.name] is not None]
   left = [run for run in study.runs if not is_finished(workdir, run)]  # a finished run with no times is not left
+  paces = {run.name: own_pace(workdir, run) for run in left}
   for run in left:  # a run under way stands for its cell's other seeds too: a whole run at its pace
-    if (pace := own_pace(workdir, run)) is not None:
+    if (pace := paces[run.name]) is not None:
       took[run.name] = pace[0] * pace[2]
       done.append(run)
   counts = {'runs': len(left), 'seconds': 0.0, 'by_itself': 0, 'by_cell': 0, 'by_column': 0, 'by_study': 0,
             'unknown': 0}
   for run in left:
-    if (own := own_pace_left(workdir, run)) is not None:
-      counts['seconds'] += own
+    if (pace := paces[run.name]) is not None:  # its epochs left at its seconds an epoch
+      per_epoch, epochs_done, epochs = pace
+      counts['seconds'] += max(epochs - epochs_done, 0.0) * per_epoch
       counts['by_itself'] += 1
       continue
     for kind, alike in (('by_cell', lambda r: r.row == run.row and r.column == run.column),
                         ('by_column', lambda r: r.column == run.column), ('by_study', lambda r: True)):
-      if seconds := [took[r.name] for r in done if alike(r) and r is not run]:
+      if seconds := [took[r.name] for r in done if alike(r)]:
         counts['seconds'] += statistics.median(seconds)
         counts[kind] += 1
         break
@@ -99,8 +94,8 @@ def left_line(study: Study, workdir: str) -> str:
     return f'study {study.name}: every run has finished'
   if c['unknown'] == c['runs']:
     return f'study {study.name}: {c["runs"]} of {len(study.runs)} runs left (no finished run yet to estimate their time)'
-  basis = {'by_itself': 'itself (under way: its epochs left at its own pace)', 'by_cell': 'the same cell (other seeds)', 'by_column': 'the same column',
-           'by_study': 'the whole study (the roughest)'}
+  basis = {'by_itself': 'itself (under way: its epochs left at its own pace)', 'by_cell': 'the same cell (other seeds)',
+           'by_column': 'the same column', 'by_study': 'the whole study (the roughest)'}
   how = '; '.join(f'{c[k]} from {basis[k]}' for k in basis if c[k])
   unknown = f'; {c["unknown"]} with nothing to go by' if c['unknown'] else ''
   return (f'study {study.name}: {c["runs"]} of {len(study.runs)} runs left, about {c["seconds"] / 3600:.1f} h one '
