@@ -157,6 +157,28 @@ def start_logged(argv, log: str, separate_stderr: bool = False, **popen):
   return proc
 
 
+def popen_with_ctrl_c(argv, **popen):
+  """``subprocess.Popen`` whose process takes Ctrl-C (SIGINT) as a program started from a terminal does, even when
+  this process ignores it (a background job of a shell, some CI runners): an ignored signal stays ignored across
+  exec, a handled one is reset to the default. So when SIGINT is ignored here, a handler is put in place for the
+  moment of the start and the old disposition restored after. Not with ``preexec_fn``, which did the same in the
+  child: it makes Python fork by hand, and JAX warns at every fork of its multithreaded process (the suite's two
+  warnings, gone)."""
+  import signal
+  import subprocess
+  import threading
+  if threading.current_thread() is not threading.main_thread():  # signal.signal works only there
+    return subprocess.Popen(argv, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **popen)
+  before = signal.getsignal(signal.SIGINT)
+  if before is not signal.SIG_IGN:
+    return subprocess.Popen(argv, **popen)
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    return subprocess.Popen(argv, **popen)
+  finally:
+    signal.signal(signal.SIGINT, before)
+
+
 def logged_output(proc) -> tuple[str, str | None]:
   """What a ``start_logged`` process wrote so far: (output, its stderr when kept apart, else None)."""
   texts = []

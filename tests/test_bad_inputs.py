@@ -15,7 +15,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from conftest import FAST_COMPILE_XLA_FLAGS, run_within, scaled_timeout, timed_out_message
+from conftest import FAST_COMPILE_XLA_FLAGS, popen_with_ctrl_c, run_within, scaled_timeout, timed_out_message
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASE_TIMEOUT_S = 120  # a case that runs longer hangs (on an unloaded machine; scaled for this one)
@@ -414,7 +414,6 @@ def test_bad_multi_process_runs(tmp_path):
   """Every case in the table at once (their processes mostly wait, so the table costs about its slowest case);
   reports every case that misbehaved. Each process's workdir holds an earlier run's work (``prior_work``), which
   must come out unchanged."""
-  import signal
   import socket
   import subprocess
   import time
@@ -443,9 +442,8 @@ def test_bad_multi_process_runs(tmp_path):
               f'--config.distributed.process_id={i}', f'--workdir={tmp_path / "mp" / case_id / str(i)}',
               *(a.format(port=port, other_port=other_port) for a in extra if not a.startswith('TAKEN+'))]
       log = open(tmp_path / f'mp-{case_id}-{i}.log', 'w+', encoding='utf-8')  # a file: never a full pipe
-      running.append((case_id, i, time.monotonic(), subprocess.Popen(
-          argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
-          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))))
+      running.append((case_id, i, time.monotonic(), popen_with_ctrl_c(
+          argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)))
       logs.append(log)
   bound = scaled_timeout(MP_STARTUP_S + 60)  # the agreement's timeout, start-up and the stop, on this machine
   problems, expect = [], {case_id: expected for case_id, _, expected in cases}

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from conftest import communicate_within, scaled_timeout
+from conftest import communicate_within, popen_with_ctrl_c, scaled_timeout
 from test_multiprocess import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,10 +21,9 @@ def launch(tmp_path, port, process_id=0, startup_s=5):
          f'--config.distributed.coordinator=127.0.0.1:{port}', '--config.distributed.num_processes=2',
          f'--config.distributed.process_id={process_id}', f'--config.distributed.startup_timeout_s={startup_s}',
          f'--workdir={tmp_path / "run"}']
-  # restore_signals and a default SIGINT: a shell's background job would ignore Ctrl-C
-  return subprocess.Popen(cmd, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT,
-                                                                                                 signal.SIG_DFL))
+  # a default SIGINT in the child: a shell's background job would ignore Ctrl-C
+  return popen_with_ctrl_c(cmd, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
 
 
 def errors(out):
@@ -47,6 +46,31 @@ def test_ctrl_c_while_waiting_for_the_others_stops_at_once(tmp_path):
   assert proc.returncode == 130 and time.monotonic() - sent <= scaled_timeout(5), (''.join(lines) + out)[-2000:]
   assert len(errors(out)) == 1 and errors(out)[0].startswith(
       'error: interrupted while waiting for the other processes to join the coordinator at 127.0.0.1:'), out[-2000:]
+
+
+CHILDS_SIGINT = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+
+
+def test_a_started_process_takes_ctrl_c_even_when_this_one_ignores_it_and_jax_sees_no_fork():
+  """popen_with_ctrl_c (conftest), in a process that imported JAX and ignores SIGINT (a shell's background job):
+  the child it starts takes Ctrl-C (Python's KeyboardInterrupt handler in place), where a plain Popen's child
+  ignores it too; and JAX, its devices started, does not warn of a fork of its multithreaded process, as it did at
+  each start with preexec_fn, the way before (the suite's two warnings)."""
+  parent = f"""
+import signal, subprocess, sys
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+import jax
+from conftest import popen_with_ctrl_c
+jax.devices()  # JAX's threads started: from now on it warns at a fork
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+child = [sys.executable, '-c', {CHILDS_SIGINT!r}]
+for start in (popen_with_ctrl_c, subprocess.Popen):
+  print(start.__name__, start(child, stdout=subprocess.PIPE, text=True).communicate()[0].strip())
+print('still ignored here:', signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+"""
+  out = subprocess.run([sys.executable, '-c', parent], capture_output=True, text=True, timeout=scaled_timeout(60))
+  assert out.returncode == 0 and 'fork' not in out.stderr, out.stderr[-2000:]
+  assert out.stdout.split('\n')[:3] == ['popen_with_ctrl_c True', 'Popen False', 'still ignored here: True'], out
 
 
 class _Coordinator:
