@@ -26,9 +26,9 @@ JSON line per measurement, then a markdown table.
 
 --quantize_bits and --sparsify put every run's communicated parameters on the wire compressed as training
 does with replica.quantize_bits / replica.sparsify (the paper's A.5): the bytes measured are the encoded
-arrays' (codes and grids, kept values and their indices). Table 1's count is then the engine's model with
-the compression applied to what each worker sends, what it receives counted at float32; "paper GB" stays
-Table 1's float32 figure.
+arrays' (codes and grids, kept values and their indices). Table 1's count is then the engine's model
+(``replica.traffic_model``) with what travels encoded counted encoded both ways (records before 2026-11-29
+counted what a worker receives at float32); "paper GB" stays Table 1's float32 figure.
 """
 from __future__ import annotations
 

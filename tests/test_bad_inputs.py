@@ -390,7 +390,7 @@ def mp_cases(tmp_path):
        {i: (2, 'config.batch_size: must be positive, got 0') for i in (0, 1)}),
       ('training-data-missing-on-process-1', {0: [*npz, f'--config.data.path={data}'],
                                               1: [*npz, f'--config.data.path={missing}']},
-       {0: (2, f'another process stopped (process 1: data.path={missing} does not exist)'),
+       {0: (2, f'another process stopped (process 1: data.path={missing} does not exist: give an .npz file'),
         1: (2, f'data.path={missing} does not exist')}),
   ]
 

@@ -126,7 +126,7 @@ def test_nothing_found_lists_every_attempt_and_the_fix(tmp_path, monkeypatch):
   assert 'tried idx' in message and 'tfds:' in message
   assert 'apt-get install dataset-fashion-mnist' in message and '\n' not in message
   # A file or folder named explicitly is the only place looked at: its problem is the message.
-  with pytest.raises(DataError, match=r'data.path=.*none.npz does not exist$'):
+  with pytest.raises(DataError, match=r'data.path=.*none.npz does not exist: give an .npz file of fashion_mnist \(docs/DATA.md[^\n]*\)$'):
     load_dataset(data_config(source='auto', path=str(tmp_path / 'none.npz')), 'fashion_mnist')
   with pytest.raises(DataError, match=r'tried idx: FileNotFoundError: .*train-images-idx3-ubyte.gz not found\)'):
     load_dataset(data_config(source='auto', idx_dir=str(tmp_path)), 'fashion_mnist')

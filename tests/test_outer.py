@@ -282,6 +282,14 @@ def test_bad_outer_settings_are_refused(method, overrides, field, workdir):
     train_and_evaluate(replica_config(method, **overrides), workdir)
 
 
+def test_the_ensemble_is_told_first_that_it_sends_no_updates():
+  """The ensemble with compressed updates and no codec: the one line says the ensemble sends no updates, not
+  to set a codec (following that would only meet the ensemble's refusal next)."""
+  from jaxdecouple.methods import validate
+  with pytest.raises(ConfigError, match=r'replica\.compress.*ensemble never averages'):
+    validate(replica_config('ensemble', **{'replica.compress': 'updates'}))
+
+
 def stats_bytes(state):
   """One worker's BatchNorm statistics (local SGD: every layer shared), float32, counted from the leaves."""
   return 4 * sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(state.batch_stats))

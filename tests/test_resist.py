@@ -840,6 +840,40 @@ def test_communication_for_resnet101_against_the_papers_table():
   assert traffic(8, partition=True) == pytest.approx(1.195, abs=1e-3)
 
 
+def test_the_table1_count_counts_encoded_bytes_both_ways_and_the_travelling_outer_momentum():
+  """Table 1's count with compression or an outer step (the start-up log's model): what travels encoded is
+  counted encoded both ways (what is received is what was sent): with compressed weights every parameter (8 bits:
+  a quarter of float32), with compressed updates ResIST's shared layers only (its blocks move whole) and all of
+  local SGD's; with outer momentum a partitioned block's momentum travels with it (its bytes twice over), a shared
+  layer's never."""
+  from jaxdecouple.replica import Replica, ReplicaSpec, traffic_model
+  model = build_model('preact_tiny_s3_9', 10)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3))))['params']
+  S = 4
+
+  def count(partition, **kw):
+    engine = Replica(model, ReplicaSpec(S, 50, partition=partition, **kw), jax.devices(), None, None, None)
+    return traffic_model(engine, shapes, 0), engine.layout.parameter_counts(shapes)[0]
+  for partition in (False, True):
+    plain, shared = count(partition)
+    shared_f32 = 2 * S * 4 * shared  # the shared layers' float32 bytes, sent and received by every worker
+    assert plain['sent_per_worker'] == pytest.approx(plain['received_per_worker'])  # round 0 -> 1: as many blocks
+    weights8, _ = count(partition, quantize_bits=8)
+    assert weights8['total'] == pytest.approx(plain['total'] / 4)
+    assert weights8['sent_per_worker'] == pytest.approx(weights8['received_per_worker'])
+    updates8, _ = count(partition, quantize_bits=8, compress='updates')
+    updates_kept, _ = count(partition, sparsify=0.25, compress='updates')  # a quarter of values and int32 indices
+    if partition:
+      assert updates8['total'] == pytest.approx(plain['total'] - shared_f32 + shared_f32 / 4)
+      assert updates_kept['total'] == pytest.approx(plain['total'] - shared_f32 + shared_f32 / 2)
+    else:
+      assert updates8['total'] == pytest.approx(plain['total'] / 4)
+      assert updates_kept['total'] == pytest.approx(plain['total'] / 2)
+    outer, _ = count(partition, outer_momentum=0.5)
+    assert outer['total'] == pytest.approx(plain['total'] + (plain['total'] - shared_f32 if partition else 0))
+    assert count(partition, outer_lr=0.7)[0]['total'] == pytest.approx(plain['total'])  # no momentum: nothing more
+
+
 @pytest.mark.parametrize('overrides,field', [
     ({'replica.num_workers': 0}, 'replica.num_workers'),
     ({'replica.num_workers': 6}, 'replica.num_workers'),

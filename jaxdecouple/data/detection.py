@@ -43,8 +43,7 @@ def load_detection(data_config, name: str) -> Dataset:
   if name == 'shapes':
     arrays = shapes_detection(data_config.detection_train_size, data_config.detection_test_size,
                               image_size=info.image_shape[0], seed=data_config.detection_seed)
-    where = (f'generated (data/shapes.py): {data_config.detection_train_size} training and '
-             f'{data_config.detection_test_size} test images, seed {data_config.detection_seed}')
+    where = f'generated (data/shapes.py), seed {data_config.detection_seed}'  # the sizes: the start-up line's
   elif source == 'folder' or (source == 'auto' and data_config.path):
     if not data_config.path:
       raise DataError('data.path is required with data.source=folder for voc: the extracted VOCdevkit folder '

@@ -100,7 +100,8 @@ def load_npz(name: str, path: str) -> tuple[np.ndarray, ...]:
   if not path:
     raise FileNotFoundError('no path given (set data.path)')
   if not os.path.exists(path):
-    raise DataError(f'data.path={path} does not exist')
+    raise DataError(f'data.path={path} does not exist: give an .npz file of {name} (docs/DATA.md says how to make one; '
+                    'CIFAR: python -m jaxdecouple.data.cifar_archive ARCHIVE.tar.gz OUT.npz)')
   if os.path.isdir(path):
     raise DataError(f'data.path={path} is a folder; give the .npz file in it')
   if not zipfile.is_zipfile(path):

@@ -73,6 +73,8 @@ def validate(config, name: str, partition: bool, average: bool) -> None:
          'is 0: set an outer momentum (DiLoCo: 0.9) or leave outer_nesterov at True')
   if r.compress not in ('weights', 'updates'):
     fail('replica.compress', f"{r.compress!r} is not allowed; choose weights (the paper's A.5) or updates")
+  if r.compress == 'updates' and not average:
+    fail('replica.compress', f'{name} never averages, so it sends no updates (leave it at weights)')
   if r.compress == 'updates' and not (r.quantize_bits or r.sparsify):
     fail('replica.compress', "'updates' compresses with replica.quantize_bits and/or replica.sparsify; set one "
          'of them (for example replica.sparsify=0.25)')
@@ -89,8 +91,6 @@ def validate(config, name: str, partition: bool, average: bool) -> None:
   if (r.outer_lr != 1 or r.outer_momentum) and (r.quantize_bits or r.sparsify) and r.compress == 'weights':
     fail('replica.compress', "an outer optimizer steps on the round's change, so what it compresses is that change: "
          "set replica.compress='updates' (or drop replica.quantize_bits / replica.sparsify)")
-  if r.compress == 'updates' and not average:
-    fail('replica.compress', f'{name} never averages, so it sends no updates (leave it at weights)')
   if not average and (r.quantize_bits or r.sparsify):
     fail('replica.quantize_bits' if r.quantize_bits else 'replica.sparsify',
          f'{name} never averages, so it sends nothing to compress (leave quantize_bits and sparsify at 0)')

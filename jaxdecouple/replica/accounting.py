@@ -16,18 +16,27 @@ from jaxdecouple.replica.layout import ReplicaState
 def traffic_model(engine: Replica, params, round_index: int, bytes_per_param: float = 4.0) -> dict[str, float]:
   """A model (a formula, not a measurement) of the bytes of one round as the paper's Table 1 counts
   them: each worker sends what it trained (shared layers and its blocks of this round) and receives
-  its network for the next round; everything for local SGD. The measured figures: ``last_traffic``."""
+  its network for the next round; everything for local SGD. Every parameter is counted at
+  ``bytes_per_param`` (float32), or at the A.5 codec's rate where it travels encoded, the same rate
+  both ways (what is received is what was sent): with compressed weights every parameter, with
+  compressed updates the shared layers only (a block changing owner travels whole, outer.py). With outer
+  momentum a block's momentum travels with it, one float32 more per block parameter each way. The
+  measured figures: ``last_traffic``."""
   spec, layout = engine.spec, engine.layout
   shared, blocks = layout.parameter_counts(params)
   sizes = np.array([blocks[n] for n in layout.partitioned], np.float64)
   now, nxt = layout.membership(round_index), layout.membership(round_index + 1)
   if not layout.partitioned:
     now = nxt = np.zeros((spec.num_workers, 0), bool)
-  per_param = bytes_per_param * (spec.quantize_bits / 32 if spec.quantize_bits else 1.0)
+  encoded = bytes_per_param * (spec.quantize_bits / 32 if spec.quantize_bits else 1.0)
   if spec.sparsify:  # the kept values and their int32 indices
-    per_param = spec.sparsify * (per_param + 4)
-  sent = [(shared + float(sizes @ now[w])) * per_param for w in range(spec.num_workers)]
-  received = [(shared + float(sizes @ nxt[w])) * bytes_per_param for w in range(spec.num_workers)]
+    encoded = spec.sparsify * (encoded + 4)
+  shared_rate = encoded if spec.compresses else bytes_per_param
+  block_rate = encoded if spec.compresses and spec.compress == 'weights' else bytes_per_param
+  if spec.outer_momentum and spec.average:  # the block's outer momentum rides along, float32
+    block_rate += bytes_per_param
+  sent = [shared * shared_rate + float(sizes @ now[w]) * block_rate for w in range(spec.num_workers)]
+  received = [shared * shared_rate + float(sizes @ nxt[w]) * block_rate for w in range(spec.num_workers)]
   return {'sent_per_worker': float(np.mean(sent)), 'received_per_worker': float(np.mean(received)),
           'total': float(np.sum(sent) + np.sum(received))}
 
@@ -61,12 +70,16 @@ def describe(engine: Replica, state: ReplicaState) -> list[str]:
       line += f'; blocks per worker this round: {", ".join(map(str, sizes))}'
     lines.append(line)
   held = engine.resident_bytes(state)
-  lines.append('  stored on each of this process\'s devices (parameters, statistics, momentum; measured): '
+  kept = {'anchor': 'anchor', 'momentum': 'outer momentum', 'error': 'unsent error'}
+  outer = ''.join(f', {name}' for key, name in kept.items() if key in state.outer)
+  lines.append(f'  stored on each of this process\'s devices (parameters, statistics, momentum{outer}; measured): '
                + ', '.join(f'{d}: {b / 1e6:.1f} MB' for d, b in held.items()))
   if s.average:
     model = traffic_model(engine, network, 0)
     full = 2 * (shared + sum(blocks.values())) * 4 * s.num_workers
-    lines.append(f'  communication per round, model (Table 1\'s count): {model["total"] / 1e9:.3f} GB for all '
+    how = (' as encoded on the wire' if s.compresses else '') + (
+        ', blocks with their outer momentum' if s.outer_momentum and layout.partitioned else '')
+    lines.append(f'  communication per round, model (Table 1\'s count{how}): {model["total"] / 1e9:.3f} GB for all '
                  f'workers ({model["sent_per_worker"] / 1e6:.1f} MB sent, {model["received_per_worker"] / 1e6:.1f} '
                  f'MB received per worker; local SGD: {full / 1e9:.3f} GB); measured figures are logged each '
                  'round as sent_mb, received_mb, all_reduce_mb, collective_received_mb')
