@@ -1,5 +1,6 @@
 """Four CPU devices for every test (set before JAX starts) and small shared helpers."""
 import atexit
+import collections
 import functools
 import os
 import shutil
@@ -385,14 +386,52 @@ def pytest_collection_modifyitems(items):
 # Where the suite's CPU goes: with JAXDECOUPLE_TEST_CPU_LOG=FILE each test appends one JSON line (its id, wall
 # seconds, and the CPU seconds of its worker process plus the processes it started and waited for). Wall times
 # of a parallel suite overstate the tests that start processes (they wait for a core the other worker holds);
-# CPU seconds are what the 2 cores spend, so they say which cuts shorten the suite.
+# CPU seconds are what the 2 cores spend, so they say which cuts shorten the suite. The line also has the
+# seconds JAX spent in this process tracing, lowering and compiling (jax.monitoring's events; compiling includes
+# loading from the compilation cache) and ``rebuilt``: how many of the programs handed to XLA were identical to
+# one this process had built before (a closure jitted again; docs/TESTING.md, "Where the time goes"), counted
+# where this JAX has the internal hook it needs, else absent.
 CPU_LOG_ENV = 'JAXDECOUPLE_TEST_CPU_LOG'
+JAX_PHASES = {'jaxpr_trace_duration': 'trace_s', 'jaxpr_to_mlir_module_duration': 'lower_s',
+              'backend_compile_duration': 'compile_s'}
+_jax_seconds = collections.Counter()
+_modules = {'seen': set(), 'rebuilt': 0, 'hooked': False}
 
 
 def _cpu_seconds():
   import resource
   own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
   return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _count_jax_phase(event, seconds, **kwargs):
+  phase = JAX_PHASES.get(event.rsplit('/', 1)[-1])
+  if phase:
+    _jax_seconds[phase] += seconds
+
+
+def _listen_to_jax():
+  """Once per process: jax.monitoring's durations, and (internal API, where present) each module's fingerprint."""
+  if _modules['hooked']:
+    return
+  _modules['hooked'] = True
+  jax.monitoring.register_event_duration_secs_listener(_count_jax_phase)
+  import hashlib
+  try:
+    from jax._src import compiler  # internal: absent from some JAX, then no ``rebuilt``
+  except ImportError:
+    return
+  build = getattr(compiler, 'compile_or_get_cached', None)
+  if build is None:
+    return
+
+  def fingerprinted(backend, computation, *args, **kwargs):
+    digest = hashlib.sha1(str(computation).encode()).digest()
+    _modules['rebuilt'] += digest in _modules['seen']
+    _modules['seen'].add(digest)
+    return build(backend, computation, *args, **kwargs)
+  compiler.compile_or_get_cached = fingerprinted
+  _modules['counts'] = True
 
 
 @pytest.hookimpl(wrapper=True)
@@ -402,10 +441,16 @@ def pytest_runtest_protocol(item, nextitem):
     return (yield)
   import json
   import time
+  _listen_to_jax()
+  _jax_seconds.clear()
+  rebuilt = _modules['rebuilt']
   wall, cpu = time.monotonic(), _cpu_seconds()
   try:
     return (yield)
   finally:
+    line = {'test': item.nodeid, 'wall_s': round(time.monotonic() - wall, 2),
+            'cpu_s': round(_cpu_seconds() - cpu, 2), **{k: round(_jax_seconds[k], 4) for k in JAX_PHASES.values()}}
+    if _modules.get('counts'):
+      line['rebuilt'] = _modules['rebuilt'] - rebuilt
     with open(path, 'a') as f:  # one short line per write: the workers' appends do not interleave
-      f.write(json.dumps({'test': item.nodeid, 'wall_s': round(time.monotonic() - wall, 2),
-                          'cpu_s': round(_cpu_seconds() - cpu, 2)}) + '\n')
+      f.write(json.dumps(line) + '\n')
