@@ -248,6 +248,11 @@ def test_a_resumed_outer_run_on_fewer_devices_matches_the_reference(workdir):
   assert '  outer step (DiLoCo) at the end of each round: lr 0.7, momentum 0.9 (Nesterov)' in lines
   assert ('  compressed updates of the shared layers: 8-bit and the largest 0.25 kept, error feedback on, exchanged '
           'by two_stage') in lines
+  # what a device stores names the outer state it holds, and the Table 1 model says what it counts
+  assert any(line.startswith("  stored on each of this process's devices (parameters, statistics, momentum, anchor, "
+                             'outer momentum, unsent error; measured): ') for line in lines), lines
+  assert any(line.startswith("  communication per round, model (Table 1's count as encoded on the wire, blocks with "
+                             'their outer momentum): ') for line in lines), lines
 
 
 # --- bad input --------------------------------------------------------------------------------------
