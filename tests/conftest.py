@@ -307,6 +307,8 @@ class SequentialStages:
     self.momentum = [jax.tree.map(jnp.zeros_like, p) for p in self.params]
     self.tx = tx
     self.opt_states = [tx.init(p) for p in self.params] if tx is not None else None
+    # optax's own update, compiled once per stage's shapes (eagerly, Muon's Newton-Schulz scan is traced every call)
+    self.tx_update = jax.jit(tx.update) if tx is not None else None
     self.order = TrainOrder(len(self.ds.x_train), config.batch_size, config.seed)
     self.pre = preprocess_for(self.ds, config.data)
 
@@ -334,7 +336,7 @@ class SequentialStages:
       self.params[k], self.momentum[k] = sgd_step(self.params[k], self.momentum[k], grads, lr)
       return
     import optax
-    updates, self.opt_states[k] = self.tx.update(grads, self.opt_states[k], self.params[k])
+    updates, self.opt_states[k] = self.tx_update(grads, self.opt_states[k], self.params[k])
     self.params[k] = optax.apply_updates(self.params[k], updates)
 
   def variables(self):

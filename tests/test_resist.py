@@ -106,6 +106,8 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True, 
   init = model.init(jax.random.key(config.seed), jnp.zeros((1, *ds.image_shape)))
   params = [dict(init['params']) for _ in range(S)]  # one dict per worker: blocks are replaced in it
   stats = [init['batch_stats'] for _ in range(S)]
+  tx_update = jax.jit(tx.update) if tx else None  # optax's own update, compiled once per block's shapes (Muon's
+  # Newton-Schulz loop is a scan, traced again at every eager call)
   restart = lambda: ({n: tx.init(v) for n, v in init['params'].items()} if tx
                      else jax.tree.map(jnp.zeros_like, init['params']))
   momentum = [restart() for _ in range(S)]  # each worker's SGD momentum (or optax state) per block
@@ -160,7 +162,7 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True, 
                                                                         jnp.asarray(ds.y_train[idx]))
       for n in run:
         if tx:
-          step, momentum[w][n] = tx.update(grads[n], momentum[w][n], params[w][n])
+          step, momentum[w][n] = tx_update(grads[n], momentum[w][n], params[w][n])
           params[w][n] = optax.apply_updates(params[w][n], step)
         else:
           params[w][n], momentum[w][n] = sgd_step(params[w][n], momentum[w][n], grads[n], lr)
