@@ -1,6 +1,7 @@
 """Start-up cost of deep networks: initialisation and the first training step's compilation.
 
   python benchmarks/compile_time.py --models=resnet110,resnet1202 --runs=fdg:2,bp --scan_blocks=0,16
+  python benchmarks/compile_time.py --models=preact_tiny_s3_9 --runs=resist:4 --scan_blocks=0 --cache
 
 For every model, run (METHOD:K) and scan setting (``config.scan_blocks``; 0 unrolls every block), in a
 fresh process each (so no compilation is shared): the wall seconds to build and initialise the state
@@ -10,6 +11,13 @@ the seconds JAX spends tracing, lowering and compiling during the first 2K-1 tra
 stage's first backward, iteration 2K-2), their sum ``startup``, and the compute of one steady step
 after them (``step``: the median of ``--steps`` steady steps). Synthetic CIFAR-shaped data (synthetic text of
 ``--sequence_length`` bytes for gpt models); a small batch keeps the steps themselves short.
+Replica runs (``resist:S``, ``localsgd:S``: S workers) take rounds of 2 local steps, so the round's end is among
+the first steps measured.
+
+``--cache``: each measurement twice, the first with an empty JAX persistent compilation cache folder
+(``cold``, jaxdecouple/compilation_cache.py) and the second, again in a fresh process, with the folder the first
+left (``warm``): what a resume or a study's next seed pays. Its ``steps_compile`` then includes the seconds spent
+loading programs from the cache, and ``loaded``/``compiled`` count the programs (JAX's cache events).
 Prints one JSON line per measurement, then a markdown table.
 """
 from __future__ import annotations
@@ -17,8 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -33,6 +43,8 @@ def parse_args(argv=None):
   p.add_argument('--steps', type=int, default=3, help='steady steps timed (their median is reported)')
   p.add_argument('--split_backward', default='auto', help="config.split_backward: auto (on for the CPU), on, off")
   p.add_argument('--sequence_length', type=int, default=128, help='gpt models: bytes per example')
+  p.add_argument('--cache', action='store_true', help='each measurement with an empty, then a warm compilation cache')
+  p.add_argument('--cache_dir', default='', help=argparse.SUPPRESS)  # the folder this process uses
   p.add_argument('--one', default='', help=argparse.SUPPRESS)  # MODEL:RUN:SCAN measured in this process
   p.add_argument('--json_out', default='', help='also append the JSON lines to this file')
   return p.parse_args(argv)
@@ -48,11 +60,17 @@ def measure(args, model: str, run: str, scan: int) -> dict:
   from jaxdecouple.methods import METHODS
   from jaxdecouple.models import count_params
   from jaxdecouple.train import build_setup
+  from jaxdecouple.compilation_cache import counts, use_compilation_cache
+  use_compilation_cache(args.cache_dir)  # '' (none) unless --cache
   method, _, k = run.partition(':')
   c = get_default_config()
   c.method, c.model, c.batch_size, c.scan_blocks = method, model, args.batch, scan
   c.split_backward = args.split_backward
   c.pipeline.num_stages = int(k or 1)
+  replicas = METHODS[method].name in ('resist', 'localsgd', 'ensemble')
+  if replicas:
+    c.model = model
+    c.replica.num_workers, c.replica.local_steps = int(k or 2), 2
   c.data.source, c.data.synthetic_train_size, c.data.synthetic_test_size = 'synthetic', args.batch * 4, 8
   if model.startswith('gpt'):  # byte-level text of the model's length (synthetic)
     c.dataset, c.data.sequence_length = 'fortunes', args.sequence_length
@@ -64,9 +82,9 @@ def measure(args, model: str, run: str, scan: int) -> dict:
   state = m.init(jax.random.key(0), batch(0))
   jax.block_until_ready(state)
   init = time.perf_counter() - start
-  fill, compiling = 2 * int(k or 1) - 1, []
+  fill, compiling = (c.replica.local_steps + 1) if replicas else 2 * int(k or 1) - 1, []
   events = ('/jax/core/compile/jaxpr_trace_duration', '/jax/core/compile/jaxpr_to_mlir_module_duration',
-            '/jax/core/compile/backend_compile_duration')
+            '/jax/core/compile/backend_compile_duration', '/jax/compilation_cache/cache_retrieval_time_sec')
   jax.monitoring.register_event_duration_secs_listener(
       lambda event, seconds, **_: compiling.append(seconds) if event in events else None)
   for t in range(fill):
@@ -83,7 +101,8 @@ def measure(args, model: str, run: str, scan: int) -> dict:
   return {'model': model, 'run': run, 'scan_blocks': scan, 'batch': args.batch,
           'params_m': round(count_params(m.eval_variables(state)['params']) / 1e6, 3),
           'init_s': round(init, 2), 'steps_compile_s': round(steps_compile, 2), 'fill_steps': fill,
-          'startup_s': round(init + steps_compile, 2), 'step_s': round(step, 3), 'backend': jax.default_backend()}
+          'startup_s': round(init + steps_compile, 2), 'step_s': round(step, 3), 'backend': jax.default_backend(),
+          'loaded': counts().loaded, 'compiled': counts().compiled}
 
 
 def main(argv=None):
@@ -96,27 +115,36 @@ def main(argv=None):
   for model in args.models.split(','):
     for run in args.runs.split(','):
       for scan in args.scan_blocks.split(','):
-        cmd = [sys.executable, os.path.abspath(__file__), f'--batch={args.batch}', f'--steps={args.steps}',
-               f'--sequence_length={args.sequence_length}', f'--cpu_devices={args.cpu_devices}',
-               f'--split_backward={args.split_backward}',
-               f'--one={model}/{run}/{scan}']
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode:
-          raise SystemExit(f'compile_time.py: {model} {run} scan_blocks={scan} failed:\n{proc.stderr[-3000:]}')
-        record = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith('{')))
-        records.append(record)
-        print(json.dumps(record), flush=True)
-        if args.json_out:
-          with open(args.json_out, 'a', encoding='utf-8') as f:
-            f.write(json.dumps(record) + '\n')
-  print('\n| model | run | scan_blocks | params (M) | init s | compiling in the first steps s (steps) | start-up s | '
-        'steady step s (batch) |')
-  print('|---|---|---|---|---|---|---|---|')
+        folder = tempfile.mkdtemp(prefix='compile-time-cache-') if args.cache else ''
+        for cache in (('cold', 'warm') if args.cache else ('none',)):  # the folder empty, then as the first left it
+          cmd = [sys.executable, os.path.abspath(__file__), f'--batch={args.batch}', f'--steps={args.steps}',
+                 f'--sequence_length={args.sequence_length}', f'--cpu_devices={args.cpu_devices}',
+                 f'--split_backward={args.split_backward}', f'--cache_dir={folder}',
+                 f'--one={model}/{run}/{scan}']
+          records.append(_measure_in_a_fresh_process(args, cmd, model, run, scan, cache))
+        if folder:
+          shutil.rmtree(folder, ignore_errors=True)
+  print('\n| model | run | scan_blocks | params (M) | cache | init s | compiling in the first steps s (steps) | '
+        'start-up s | steady step s (batch) |')
+  print('|---|---|---|---|---|---|---|---|---|')
   for r in records:
-    print(f"| {r['model']} | {r['run']} | {r['scan_blocks']} | {r['params_m']} | {r['init_s']} | "
+    cache = f"{r['cache']} ({r['loaded']} loaded, {r['compiled']} compiled)" if r['cache'] != 'none' else 'none'
+    print(f"| {r['model']} | {r['run']} | {r['scan_blocks']} | {r['params_m']} | {cache} | {r['init_s']} | "
           f"{r['steps_compile_s']} ({r['fill_steps']}) | {r['startup_s']} | {r['step_s']} ({r['batch']}) |")
   return records
 
+
+def _measure_in_a_fresh_process(args, cmd, model, run, scan, cache: str) -> dict:
+  """One measurement in a process of its own; its JSON line printed (and appended to --json_out)."""
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  if proc.returncode:
+    raise SystemExit(f'compile_time.py: {model} {run} scan_blocks={scan} failed:\n{proc.stderr[-3000:]}')
+  record = {**json.loads(next(l for l in proc.stdout.splitlines() if l.startswith('{'))), 'cache': cache}
+  print(json.dumps(record), flush=True)
+  if args.json_out:
+    with open(args.json_out, 'a', encoding='utf-8') as f:
+      f.write(json.dumps(record) + '\n')
+  return record
 
 if __name__ == '__main__':
   main()

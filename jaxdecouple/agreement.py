@@ -13,7 +13,8 @@ from jaxdecouple.processes import INTERRUPTED, leave_together, left_together_wit
 from jaxdecouple.workdir import flat
 
 # Fields each process may set its own way: who it is, where it listens, where its host keeps the data.
-PER_PROCESS = ('distributed.process_id', 'distributed.transfer_address', 'data.path', 'data.idx_dir',
+PER_PROCESS = ('distributed.process_id', 'distributed.transfer_address', 'compilation_cache_dir', 'data.path',
+               'data.idx_dir',
                'data.tfds_data_dir', 'data.tfds_manual_dir', 'data.imagenet_v2_dir', 'data.workers',
                'data.prefetch')
 TIMEOUT_FIELDS = {'config': 'distributed.startup_timeout_s', 'data': 'distributed.data_timeout_s'}  # per kind

@@ -20,6 +20,7 @@ from absl import logging
 
 from jaxdecouple.checkpoint import Checkpointer
 from jaxdecouple.clock import Clock, epoch_clock_at, itstime
+from jaxdecouple.compilation_cache import counts as compilation_counts, use_compilation_cache
 from jaxdecouple.data import TEXT_DATASETS, TrainOrder, load_dataset, preprocess_for
 from jaxdecouple.data.holdout import hold_out
 from jaxdecouple.data.stream import BlankImages, Prefetcher
@@ -102,6 +103,7 @@ def train_and_evaluate(config, workdir: str) -> RunResult:
   begin_run()
   try:
     validate(config)
+    use_compilation_cache(config.compilation_cache_dir)
   except ConfigError as e:  # across processes the others learn why before this one stops
     stop_before_work(config.distributed, e)
     raise
@@ -171,7 +173,9 @@ class Loop:
         mark_progress()  # for the stall judge (liveness.py), across processes
         if step == start:  # compilation is not timed
           jax.block_until_ready(state)
-          logging.info('first step (compilation included) took %.1f s', time.perf_counter() - start_time)
+          cached = compilation_counts().summary()
+          logging.info('first step (compilation included) took %.1f s%s', time.perf_counter() - start_time,
+                       f' ({cached})' if cached else '')
           self.pending = []
           self.clock.start(carried)
         done = step + 1

@@ -29,7 +29,7 @@ from jaxdecouple.errors import CheckpointError, WorkdirError, WorkdirInUseError
 MAY_CHANGE_ON_RESUME = (
     'num_epochs', 'max_steps', 'eval_every_epochs', 'eval_batch_size', 'log_every_steps',
     'checkpoint_every_steps', 'keep_checkpoints', 'profile_every_steps', 'pipeline.diagnose_every_steps',
-    'cpu_devices', 'split_backward', 'dp.num_devices', 'pipeline.num_devices', 'replica.num_devices',
+    'cpu_devices', 'compilation_cache_dir', 'split_backward', 'dp.num_devices', 'pipeline.num_devices', 'replica.num_devices',
     'replica.skip', 'replica.worker_speeds', 'data.path', 'data.idx_dir', 'data.tfds_data_dir', 'data.tfds_download',
     'data.tfds_manual_dir', 'data.workers', 'data.prefetch', 'data.imagenet_v2', 'data.imagenet_v2_dir',
     'distributed.coordinator', 'distributed.transfer_address', 'distributed.process_id', 'resume_changes',

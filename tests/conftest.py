@@ -36,6 +36,9 @@ if 'JAXDECOUPLE_TEST_XLA_CACHE' not in os.environ:
   os.environ['JAXDECOUPLE_TEST_XLA_CACHE'] = tempfile.mkdtemp(prefix='jaxdecouple-tests-xla-')
   atexit.register(shutil.rmtree, os.environ['JAXDECOUPLE_TEST_XLA_CACHE'], ignore_errors=True)
 jax.config.update('jax_compilation_cache_dir', os.environ['JAXDECOUPLE_TEST_XLA_CACHE'])
+# the processes tests start (main.py, the notebook's kernel) use it too, not the user's own cache in ~/.cache
+# (config.compilation_cache_dir='auto' takes JAX's folder when one is set; test_compilation_cache.py)
+os.environ['JAX_COMPILATION_CACHE_DIR'] = os.environ['JAXDECOUPLE_TEST_XLA_CACHE']
 jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
 jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 

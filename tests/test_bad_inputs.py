@@ -121,6 +121,7 @@ def test_bad_config_values(tmp_path):
                'def get_config():\n  c = q()\n  c.optim.milestones = (1e300,)\n  return c\n')
   nan_q = [f'--config={nan}', *Q[1:]]
   huge_q = [f'--config={huge}', *Q[1:]]
+  a_file = write(d / 'a_file', 'not a folder\n')
   check(tmp_path, [
       ('method', [*Q, '--config.method=sgd'], 'config.method'),
       ('model', [*Q, '--config.model=resnet9'], 'config.model'),
@@ -166,6 +167,8 @@ def test_bad_config_values(tmp_path):
       ('npz-without-path', [*Q, '--config.data.source=npz'], 'config.data.path'),
       ('resume-changes-unknown', [*Q, '--config.resume_changes=optim.lr'], 'config.resume_changes'),
       ('compute-dtype', [*Q, '--config.compute_dtype=float16'], 'config.compute_dtype'),
+      ('compilation-cache-unwritable', [*Q, f'--config.compilation_cache_dir={a_file}/xla'],
+       'config.compilation_cache_dir'),
       ('vit-patch-not-dividing', [*Q, '--config.model=vit2_d32_p5', '--config.dataset=cifar10'], 'config.model'),
       ('gpt-sequence-beyond-positions', [*Q, '--config.model=gpt_tiny', '--config.dataset=fortunes',
                                          '--config.data.sequence_length=65'], 'config.data.sequence_length'),

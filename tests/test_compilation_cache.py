@@ -1,0 +1,71 @@
+"""config.compilation_cache_dir: where a run keeps XLA's compiled programs, and a later run (or a resume) loading them
+instead of compiling, with the same numbers."""
+import json
+import os
+import sys
+
+from conftest import FAST_COMPILE_XLA_FLAGS, run_within
+from jaxdecouple.compilation_cache import choose_folder, default_folder
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_the_folder_is_the_settings_then_jaxs_then_the_users_cache(monkeypatch, tmp_path):
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'xdg'))
+  assert default_folder() == str(tmp_path / 'xdg' / 'jaxdecouple' / 'xla')
+  monkeypatch.delenv('XDG_CACHE_HOME')
+  monkeypatch.setenv('HOME', str(tmp_path / 'home'))
+  assert default_folder() == str(tmp_path / 'home' / '.cache' / 'jaxdecouple' / 'xla')
+  assert choose_folder('auto', None) == (default_folder(), 'the default')
+  assert choose_folder('auto', '/j')[0] == '/j'  # JAX_COMPILATION_CACHE_DIR (or jax.config) given before the run
+  assert choose_folder('/mine', '/j') == ('/mine', 'config.compilation_cache_dir')  # the config's own folder wins
+  assert choose_folder('~/c', None)[0] == str(tmp_path / 'home' / 'c')
+  assert choose_folder('', '/j')[0] is None
+
+
+def run(tmp_path, name, cache_setting, env_folder=None):
+  """main.py's quickstart on synthetic data, 6 steps; (its log, its last evaluation without times)."""
+  env = {k: v for k, v in os.environ.items() if k != 'JAX_COMPILATION_CACHE_DIR'}
+  env.update({'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': FAST_COMPILE_XLA_FLAGS,
+              'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0'})  # the tiny programs compile in well under 1 s
+  if env_folder:
+    env['JAX_COMPILATION_CACHE_DIR'] = env_folder
+  workdir = tmp_path / name
+  proc = run_within([sys.executable, os.path.join(ROOT, 'main.py'), '--config=configs/quickstart.py',
+                     '--config.data.source=synthetic', '--config.batch_size=32', '--config.max_steps=6',
+                     '--config.cpu_devices=1', f'--config.compilation_cache_dir={cache_setting}',
+                     f'--workdir={workdir}'], 240, f'main.py ({name})', cwd=ROOT, env=env, capture_output=True,
+                    text=True)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(workdir / 'metrics.jsonl', encoding='utf-8') as f:
+    evals = [json.loads(line) for line in f if '"eval"' in line]
+  times = ('time', 'epoch_time_s', 'eval_time_s', 'train_images_per_sec', 'whole_run_seconds')
+  return proc.stderr, {k: v for k, v in evals[-1].items() if k not in times}
+
+
+def first_step(log):
+  """(loaded, compiled) from the first-step line."""
+  line = next(line for line in log.splitlines() if 'first step (compilation included)' in line)
+  words = line.split('(')[-1].split()
+  assert words[1:6] == ['programs', 'loaded', 'from', 'the', 'compilation'] and words[-1] == 'compiled)', line
+  return int(words[0]), int(words[-2])
+
+
+def test_a_second_run_loads_the_first_runs_programs_and_ends_bit_for_bit_alike(tmp_path):
+  """A run writes its programs into the folder it is given; a second run of the same config (a fresh workdir, as a
+  study's next seed or a resume would) loads every program its first step needs from there, compiling none, and
+  ends with the same numbers bit for bit. The second run reaches the folder through JAX_COMPILATION_CACHE_DIR with
+  the default setting (auto). With '' no cache is used (no line counts any)."""
+  folder = str(tmp_path / 'xla')
+  log1, end1 = run(tmp_path, 'first', folder)
+  assert f'compilation cache: {folder} (config.compilation_cache_dir; 0 MB)' in log1, log1[-3000:]
+  loaded, compiled = first_step(log1)
+  assert loaded == 0 and compiled > 0 and len(os.listdir(folder)) >= compiled, (loaded, compiled, os.listdir(folder))
+  log2, end2 = run(tmp_path, 'second', 'auto', env_folder=folder)
+  assert f'compilation cache: {folder} (JAX_COMPILATION_CACHE_DIR' in log2, log2[-3000:]
+  assert first_step(log2) == (compiled, 0), log2[-3000:]
+  assert end2 == end1
+  log3, end3 = run(tmp_path, 'none', '', env_folder=folder)
+  assert "compilation cache: none (config.compilation_cache_dir='')" in log3, log3[-3000:]
+  line = next(line for line in log3.splitlines() if 'first step (compilation included)' in line)
+  assert 'loaded' not in line and end3 == end1, line
