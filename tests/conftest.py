@@ -29,7 +29,8 @@ jax.config.update('jax_num_cpu_devices', 4)
 # Many tests compile the same programs (same tiny model, new jit objects): a compilation cache for
 # this session lets them share the executables. pytest-xdist's workers inherit the controller's
 # environment, so the controller's folder is theirs too and a program compiled by one worker is
-# reused by the other (JAX writes cache entries atomically). The process that makes the folder (the
+# reused by the other (JAX 0.10 writes an entry in place: a worker reading one the other is still writing gets
+# a warning and compiles the program itself, never a damaged program). The process that makes the folder (the
 # controller, or the only process without -n) removes it at exit: about 60 MB a run, left in /tmp before.
 # A folder of your own in JAXDECOUPLE_TEST_XLA_CACHE is kept, and a rerun reuses its programs.
 if 'JAXDECOUPLE_TEST_XLA_CACHE' not in os.environ:
