@@ -373,7 +373,8 @@ def resist_outer_run(tmp_path_factory):
 # handed out last keeps one worker busy while the other has nothing left (about 30 s of the suite).
 # These are also the tests marked slow: `pytest -m "not slow"` is the quick subset (docs/TESTING.md).
 SLOW_FIRST = ('test_pipeline_processes.py', 'test_multiprocess.py', 'test_peer_loss.py', 'scanned_blocks', 'test_resist.py',
-              'test_outer.py', 'test_benchmarks.py', 'test_transformers.py', 'test_process_start.py', 'test_notebook.py')
+              'test_outer.py', 'test_benchmarks.py', 'test_transformers.py', 'test_process_start.py', 'test_notebook.py',
+              'loads_the_first_runs_programs')
 
 
 def pytest_configure(config):
