@@ -49,7 +49,7 @@ def choose_folder(setting: str, jax_folder: str | None) -> tuple[str | None, str
     return None, "config.compilation_cache_dir=''"
   if setting == AUTO:
     if jax_folder:
-      return jax_folder, 'JAX_COMPILATION_CACHE_DIR (JAX was given it before the run)'
+      return jax_folder, 'JAX_COMPILATION_CACHE_DIR or jax.config, set before the run'
     return default_folder(), 'the default'
   return os.path.expanduser(setting), 'config.compilation_cache_dir'
 
@@ -78,7 +78,8 @@ class Counts:
     """``N programs loaded from the compilation cache, M compiled`` (or '' when the cache saw none)."""
     if not self.loaded and not self.compiled:
       return ''
-    return f'{self.loaded} program{"s" if self.loaded != 1 else ""} loaded from the compilation cache, {self.compiled} compiled'
+    programs = 'program' if self.loaded == 1 else 'programs'
+    return f'{self.loaded} {programs} loaded from the compilation cache, {self.compiled} compiled'
 
 
 _COUNTS: Counts | None = None
