@@ -69,7 +69,6 @@ def measure(args, model: str, run: str, scan: int) -> dict:
   c.pipeline.num_stages = int(k or 1)
   replicas = METHODS[method].name in ('resist', 'localsgd', 'ensemble')
   if replicas:
-    c.model = model
     c.replica.num_workers, c.replica.local_steps = int(k or 2), 2
   c.data.source, c.data.synthetic_train_size, c.data.synthetic_test_size = 'synthetic', args.batch * 4, 8
   if model.startswith('gpt'):  # byte-level text of the model's length (synthetic)
@@ -145,6 +144,7 @@ def _measure_in_a_fresh_process(args, cmd, model, run, scan, cache: str) -> dict
     with open(args.json_out, 'a', encoding='utf-8') as f:
       f.write(json.dumps(record) + '\n')
   return record
+
 
 if __name__ == '__main__':
   main()
