@@ -83,7 +83,7 @@ def measure(args, model: str, run: str, scan: int) -> dict:
   init = time.perf_counter() - start
   fill, compiling = (c.replica.local_steps + 1) if replicas else 2 * int(k or 1) - 1, []
   events = ('/jax/core/compile/jaxpr_trace_duration', '/jax/core/compile/jaxpr_to_mlir_module_duration',
-            '/jax/core/compile/backend_compile_duration', '/jax/compilation_cache/cache_retrieval_time_sec')
+            '/jax/core/compile/backend_compile_duration')  # (around compiling or loading from the cache)
   jax.monitoring.register_event_duration_secs_listener(
       lambda event, seconds, **_: compiling.append(seconds) if event in events else None)
   for t in range(fill):

@@ -12,8 +12,8 @@ from jaxdecouple.errors import ConfigError, InterruptedWhileWaiting, ProcessErro
 from jaxdecouple.processes import INTERRUPTED, leave_together, left_together_with, reason_of, stop_together
 from jaxdecouple.workdir import flat
 
-# Fields each process may set its own way: who it is, where it listens, where its host keeps the data and its
-# compiled programs.
+# Fields each process may set its own way: who it is, where it listens, where its host keeps the data and where it
+# looks for compiled programs (JAX writes them from process 0 only).
 PER_PROCESS = ('distributed.process_id', 'distributed.transfer_address', 'compilation_cache_dir', 'data.path',
                'data.idx_dir',
                'data.tfds_data_dir', 'data.tfds_manual_dir', 'data.imagenet_v2_dir', 'data.workers',

@@ -150,6 +150,7 @@ class Loop:
   def run(self, stop: StopSignal) -> RunResult:
     """Starts or resumes, then steps to the end (or a stop), with the periodic actions after each step."""
     c, method, start_time = self.config, self.method, time.perf_counter()
+    compilation_counts().reset()  # the programs of the time the first-step line gives
     state, start, carried = self.start()
     mark_progress()
     step, last_eval = start, None

@@ -325,7 +325,7 @@ def test_dispatch_depth_reports_the_calls_that_returned_before_the_first_wait(ca
 def test_compile_time_measures_a_cold_then_a_warm_compilation_cache(capsys, monkeypatch):
   """--cache: two fresh processes per run, the first with an empty cache folder, the second with what it left;
   the second loads every program the first compiled (the tiny programs qualify: no minimum compile time) and
-  compiles none, and its compiling seconds are the loads'."""
+  compiles none."""
   monkeypatch.setenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
   records = load('compile_time').main(['--models=resnet8', '--runs=bp', '--scan_blocks=0', '--cache', '--batch=4',
                                        '--steps=1', '--cpu_devices=1'])

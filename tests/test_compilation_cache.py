@@ -4,8 +4,12 @@ import json
 import os
 import sys
 
+import jax
+import pytest
+
 from conftest import FAST_COMPILE_XLA_FLAGS, run_within
-from jaxdecouple.compilation_cache import choose_folder, default_folder
+from jaxdecouple import compilation_cache as cache_module
+from jaxdecouple.compilation_cache import choose_folder, default_folder, use_compilation_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -20,7 +24,46 @@ def test_the_folder_is_the_settings_then_jaxs_then_the_users_cache(monkeypatch, 
   assert choose_folder('auto', '/j')[0] == '/j'  # JAX_COMPILATION_CACHE_DIR (or jax.config) given before the run
   assert choose_folder('/mine', '/j') == ('/mine', 'config.compilation_cache_dir')  # the config's own folder wins
   assert choose_folder('~/c', None)[0] == str(tmp_path / 'home' / 'c')
+  monkeypatch.chdir(tmp_path)
+  assert choose_folder('rel', None)[0] == str(tmp_path / 'rel')  # absolute: JAX would read it from wherever it is
+  assert choose_folder('gs://bucket/xla', None)[0] == 'gs://bucket/xla'  # a remote folder goes to JAX as it is
   assert choose_folder('', '/j')[0] is None
+
+
+@pytest.fixture
+def jax_cache_restored():
+  """The session's cache (conftest) as it was after the test, whatever the test pointed JAX at."""
+  from jax.experimental.compilation_cache import compilation_cache as cc
+  before = jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache, dict(cache_module._BEFORE)
+  yield
+  cc.reset_cache()
+  jax.config.update('jax_compilation_cache_dir', before[0])
+  jax.config.update('jax_enable_compilation_cache', before[1])
+  cache_module._BEFORE.clear()
+  cache_module._BEFORE.update(before[2])
+
+
+def test_runs_in_one_process_each_get_the_folder_they_name(tmp_path, monkeypatch, jax_cache_restored, caplog):
+  """A notebook's runs one after another: a run naming a folder gets it (JAX's open cache closed first), '' turns
+  the cache off, and 'auto' goes back to JAX's folder as it was before the first run, not the last run's; a remote
+  folder is handed over untouched (no local folder made for it); the default folder unwritable warns and the run
+  goes on without a cache. Nothing is compiled here: the folders are what JAX is told."""
+  first = cache_module._BEFORE.get('folder', jax.config.jax_compilation_cache_dir)
+  a, b = str(tmp_path / 'a'), str(tmp_path / 'b')
+  assert use_compilation_cache(a) == a and jax.config.jax_compilation_cache_dir == a and os.path.isdir(a)
+  assert use_compilation_cache(b) == b and jax.config.jax_compilation_cache_dir == b
+  assert use_compilation_cache('') is None and not jax.config.jax_enable_compilation_cache
+  assert use_compilation_cache('auto') == first and jax.config.jax_enable_compilation_cache
+  monkeypatch.chdir(tmp_path)
+  assert use_compilation_cache('gs://bucket/xla') == 'gs://bucket/xla' and not os.path.exists(tmp_path / 'gs:')
+  blocker = tmp_path / 'a_file'
+  blocker.write_text('x')
+  monkeypatch.setenv('XDG_CACHE_HOME', str(blocker))
+  monkeypatch.setitem(cache_module._BEFORE, 'folder', None)  # as on a machine where JAX was given no folder
+  with caplog.at_level('WARNING'):
+    assert use_compilation_cache('auto') is None and not jax.config.jax_enable_compilation_cache
+  assert any('compilation cache: none: ' in r.getMessage() and 'cannot be written' in r.getMessage()
+             for r in caplog.records), caplog.text
 
 
 def run(tmp_path, name, cache_setting, env_folder=None):
@@ -47,7 +90,8 @@ def first_step(log):
   """(loaded, compiled) from the first-step line."""
   line = next(line for line in log.splitlines() if 'first step (compilation included)' in line)
   words = line.split('(')[-1].split()
-  assert words[1:6] == ['programs', 'loaded', 'from', 'the', 'compilation'] and words[-1] == 'compiled)', line
+  assert words[1] in ('program', 'programs') and words[2:6] == ['loaded', 'from', 'the', 'compilation'] \
+      and words[-1] == 'compiled)', line
   return int(words[0]), int(words[-2])
 
 
