@@ -8,8 +8,8 @@ on one CPU device, took 38.3 s to its first step with an empty cache and 10.7 s 
 caches XLA's compilation only); the deep proxy ``preact_tiny_s3_23``'s runs took 67-122 s to their first step on a
 quiet core and 360-752 s beside the test suite, and 17.9 s (ResIST) and 42.7 s (local SGD) resumed with a warm
 cache (docs/PERFORMANCE.md). The same thing peers do (MaxText's ``jax_cache_dir``, torax's docs): the cache is
-JAX's own (``jax_compilation_cache_dir``), whose key holds the program, the compile options, the devices it runs on and the JAX and XLA releases, so a changed program is compiled afresh, never
-wrongly reused.
+JAX's own (``jax_compilation_cache_dir``), whose key holds the program, the compile options, the devices it runs on
+and the JAX and XLA releases, so a changed program is compiled afresh, never wrongly reused.
 
 ``config.compilation_cache_dir``:
 - ``auto`` (the default): the folder JAX was given before the first run of this process (the
