@@ -39,6 +39,11 @@ from jaxdecouple.errors import fail
 
 AUTO = 'auto'
 REQUEST, HIT = '/jax/compilation_cache/compile_requests_use_cache', '/jax/compilation_cache/cache_hits'
+_BEFORE: dict = {}  # JAX's folder as it was before this module first changed it (what 'auto' means)
+
+
+def _remote(folder: str) -> bool:
+  return '://' in folder and not folder.startswith('file://')
 
 
 def default_folder() -> str:
@@ -104,13 +109,6 @@ def counts() -> Counts:
   return _COUNTS
 
 
-_BEFORE: dict = {}  # JAX's folder as it was before this module first changed it (what 'auto' means)
-
-
-def _remote(folder: str) -> bool:
-  return '://' in folder and not folder.startswith('file://')
-
-
 def _size_mb(folder: str) -> float:
   if _remote(folder):
     return 0.0
@@ -134,7 +132,8 @@ def use_compilation_cache(setting: str) -> str | None:
   if folder is not None and not _remote(folder):
     try:
       os.makedirs(folder, exist_ok=True)
-      error = None if os.access(folder, os.W_OK | os.X_OK) else 'no write permission'
+      if not os.access(folder, os.W_OK | os.X_OK):
+        error = 'no write permission'
     except OSError as e:
       error = e.strerror or str(e)
   if error:
