@@ -14,9 +14,10 @@ and the JAX and XLA releases, so a changed program is compiled afresh, never wro
 ``config.compilation_cache_dir``:
 - ``auto`` (the default): the folder JAX was given before the first run of this process (the
   ``JAX_COMPILATION_CACHE_DIR`` environment variable, or ``jax.config``) if any, else
-  ``$XDG_CACHE_HOME/jaxdecouple/xla`` (``~/.cache/jaxdecouple/xla``);
-- a folder: that one (made if missing; a relative one from the working directory); a remote one (``gs://...``) is
-  handed to JAX as it is;
+  ``$XDG_CACHE_HOME/jaxdecouple/xla`` (``~/.cache/jaxdecouple/xla``); none where JAX's cache was turned off before
+  the first run (``JAX_ENABLE_COMPILATION_CACHE=false``, or ``jax.config``): a user's choice is kept;
+- a folder: that one (made if missing; a relative one from the working directory, ``file://`` read as a plain
+  path); a remote one (``gs://...``) is handed to JAX as it is;
 - ``''``: no cache for this run (JAX's cache stays off in the process until a later run turns it on).
 
 What JAX does with it (jax 0.10, read in its source): it keeps programs that took at least
@@ -46,23 +47,33 @@ def _remote(folder: str) -> bool:
   return '://' in folder and not folder.startswith('file://')
 
 
+def _absolute(folder: str) -> str:
+  """A local folder made absolute (``~`` expanded, a ``file://`` prefix dropped: JAX reads the folder as a plain
+  path), so that a notebook changing directory between runs keeps its cache; a remote one as it is."""
+  if _remote(folder):
+    return folder
+  return os.path.abspath(os.path.expanduser(folder[len('file://'):] if folder.startswith('file://') else folder))
+
+
 def default_folder() -> str:
   """``$XDG_CACHE_HOME/jaxdecouple/xla``, or ``~/.cache/jaxdecouple/xla`` without it."""
   base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
   return os.path.join(base, 'jaxdecouple', 'xla')
 
 
-def choose_folder(setting: str, jax_folder: str | None) -> tuple[str | None, str]:
-  """(the folder a run's cache goes to or None for none, why) from ``config.compilation_cache_dir`` and the
-  folder JAX already has (``jax_folder``, None when unset)."""
+def choose_folder(setting: str, jax_folder: str | None, jax_enabled: bool = True) -> tuple[str | None, str]:
+  """(the folder a run's cache goes to or None for none, why) from ``config.compilation_cache_dir``, the folder
+  JAX already has (``jax_folder``, None when unset) and whether JAX's cache was on (``jax_enabled``; both as they
+  were before this process's first run)."""
   if setting == '':
     return None, "config.compilation_cache_dir=''"
   if setting == AUTO:
+    if not jax_enabled:
+      return None, 'JAX_ENABLE_COMPILATION_CACHE=false or jax.config, set before the first run'
     if jax_folder:
-      return jax_folder, 'JAX_COMPILATION_CACHE_DIR or jax.config, set before the first run'
+      return _absolute(jax_folder), 'JAX_COMPILATION_CACHE_DIR or jax.config, set before the first run'
     return default_folder(), 'the default'
-  folder = setting if _remote(setting) else os.path.abspath(os.path.expanduser(setting))
-  return folder, 'config.compilation_cache_dir'
+  return _absolute(setting), 'config.compilation_cache_dir'
 
 
 class Counts:
@@ -125,8 +136,8 @@ def use_compilation_cache(setting: str) -> str | None:
   the default one unwritable only warns (the run goes on without a cache)."""
   from jax.experimental.compilation_cache import compilation_cache as cc
   if not _BEFORE:
-    _BEFORE['folder'] = jax.config.jax_compilation_cache_dir
-  folder, why = choose_folder(setting, _BEFORE['folder'])
+    _BEFORE.update(folder=jax.config.jax_compilation_cache_dir, enabled=jax.config.jax_enable_compilation_cache)
+  folder, why = choose_folder(setting, _BEFORE['folder'], _BEFORE.get('enabled', True))
   counts().reset()
   error = None
   if folder is not None and not _remote(folder):
@@ -146,8 +157,8 @@ def use_compilation_cache(setting: str) -> str | None:
   cc.reset_cache()  # whatever JAX had open (an earlier run's folder) is closed; the next compilation opens this one
   if folder is None:
     jax.config.update('jax_enable_compilation_cache', False)
-    if setting == '':
-      logging.info("compilation cache: none (config.compilation_cache_dir=''): every program is compiled")
+    if setting == '' or not _BEFORE.get('enabled', True):
+      logging.info('compilation cache: none (%s): every program is compiled', why)
     return None
   jax.config.update('jax_compilation_cache_dir', folder)
   jax.config.update('jax_enable_compilation_cache', True)

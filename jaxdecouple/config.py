@@ -33,8 +33,8 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.keep_checkpoints = 2
   c.cpu_devices = 0            # > 0: split the host CPU into this many JAX devices (before JAX starts)
   c.compilation_cache_dir = 'auto'  # XLA's compiled programs kept on disk for later runs and resumes: auto
-                               # (JAX_COMPILATION_CACHE_DIR if set, else ~/.cache/jaxdecouple/xla), a folder,
-                               # or '' for none (jaxdecouple/compilation_cache.py)
+                               # (JAX_COMPILATION_CACHE_DIR if set, else $XDG_CACHE_HOME or ~/.cache, then
+                               # jaxdecouple/xla), a folder, or '' for none (jaxdecouple/compilation_cache.py)
   c.split_backward = 'auto'    # forward and backward in two compiled calls: auto (on for CPU), on, off
   c.compute_dtype = 'float32'  # float32, or bfloat16: activations and convolutions in bfloat16; parameters,
                                # optimizer state, BatchNorm statistics and the loss in float32

@@ -27,7 +27,14 @@ def test_the_folder_is_the_settings_then_jaxs_then_the_users_cache(monkeypatch, 
   monkeypatch.chdir(tmp_path)
   assert choose_folder('rel', None)[0] == str(tmp_path / 'rel')  # absolute: JAX would read it from wherever it is
   assert choose_folder('gs://bucket/xla', None)[0] == 'gs://bucket/xla'  # a remote folder goes to JAX as it is
+  assert choose_folder('file:///tmp/x', None)[0] == '/tmp/x'  # a local one named as a URL: its path
+  assert choose_folder('auto', 'j_rel')[0] == str(tmp_path / 'j_rel')  # JAX's own, relative: absolute too
   assert choose_folder('', '/j')[0] is None
+  # JAX's cache turned off before the first run (JAX_ENABLE_COMPILATION_CACHE=false): 'auto' keeps it off, a
+  # folder the config names still gets one
+  assert choose_folder('auto', '/j', jax_enabled=False)[0] is None
+  assert choose_folder('auto', None, jax_enabled=False)[0] is None
+  assert choose_folder('/mine', None, jax_enabled=False)[0] == '/mine'
 
 
 @pytest.fixture
@@ -46,14 +53,39 @@ def jax_cache_restored():
 def test_runs_in_one_process_each_get_the_folder_they_name(tmp_path, monkeypatch, jax_cache_restored, caplog):
   """A notebook's runs one after another: a run naming a folder gets it (JAX's open cache closed first), '' turns
   the cache off, and 'auto' goes back to JAX's folder as it was before the first run, not the last run's; a remote
-  folder is handed over untouched (no local folder made for it); the default folder unwritable warns and the run
-  goes on without a cache. Nothing is compiled here: the folders are what JAX is told."""
+  folder is handed over untouched (no local folder made for it); 'auto' where JAX's cache was turned off before the
+  first run stays without one; the default folder unwritable warns and the run goes on without a cache. After each
+  switch a small program is compiled: its entry lands in the folder of the run under way and in no other (JAX's
+  open cache and its once-per-process answer to "is a cache used" are reset at each switch, or the entries would
+  go on landing in the first folder, or nowhere after a '')."""
   first = cache_module._BEFORE.get('folder', jax.config.jax_compilation_cache_dir)
   a, b = str(tmp_path / 'a'), str(tmp_path / 'b')
+  entries = lambda folder: sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+  constants = iter(range(1, 100))
+
+  def compile_one():  # a program no earlier compilation made (its constant is new), kept whatever its time
+    c = float(next(constants)) + 0.25
+    jax.jit(lambda x: x * c + 7.5).lower(1.0).compile()
   assert use_compilation_cache(a) == a and jax.config.jax_compilation_cache_dir == a and os.path.isdir(a)
+  compile_one()
+  in_a = entries(a)
+  assert in_a
   assert use_compilation_cache(b) == b and jax.config.jax_compilation_cache_dir == b
+  compile_one()
+  assert entries(a) == in_a and entries(b)
+  in_b = entries(b)
   assert use_compilation_cache('') is None and not jax.config.jax_enable_compilation_cache
+  compile_one()
+  assert entries(a) == in_a and entries(b) == in_b
+  assert use_compilation_cache(a) == a
+  compile_one()
+  assert len(entries(a)) > len(in_a) and entries(b) == in_b  # on again after '': into the folder named now
   assert use_compilation_cache('auto') == first and jax.config.jax_enable_compilation_cache
+  monkeypatch.setitem(cache_module._BEFORE, 'enabled', False)  # JAX_ENABLE_COMPILATION_CACHE=false before the run
+  with caplog.at_level('INFO'):
+    assert use_compilation_cache('auto') is None and not jax.config.jax_enable_compilation_cache
+  assert any('compilation cache: none (JAX_ENABLE_COMPILATION_CACHE=false' in r.getMessage() for r in caplog.records)
+  monkeypatch.setitem(cache_module._BEFORE, 'enabled', True)
   monkeypatch.chdir(tmp_path)
   assert use_compilation_cache('gs://bucket/xla') == 'gs://bucket/xla' and not os.path.exists(tmp_path / 'gs:')
   blocker = tmp_path / 'a_file'
