@@ -2,7 +2,7 @@
 
 python main.py --config=configs/quickstart.py
 
-About 2.5 minutes on 2 CPU cores, about 0.91 test accuracy. Data: the IDX files of the Debian package
+About 100 s on 2 idle CPU cores, about 0.90-0.91 test accuracy (docs/PERFORMANCE.md). Data: the IDX files of the Debian package
 dataset-fashion-mnist, else tensorflow-datasets. Augmentation is off: for 3 epochs on Fashion-MNIST
 random crops cost more accuracy than they give (0.88 with them). --config.method=bp runs plain
 back-propagation on the same recipe for comparison (give it its own --workdir, e.g. workdirs/quickstart_bp:
