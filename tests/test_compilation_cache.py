@@ -63,7 +63,8 @@ def test_runs_in_one_process_each_get_the_folder_they_name(tmp_path, monkeypatch
   entries = lambda folder: sorted(os.listdir(folder)) if os.path.isdir(folder) else []
   constants = iter(range(1, 100))
 
-  def compile_one():  # a program no earlier compilation made (its constant is new), kept whatever its time
+  def compile_one():  # a program no earlier compilation made (its constant is new), kept whatever its compile
+    # time (conftest sets the session's minimum to 0)
     c = float(next(constants)) + 0.25
     jax.jit(lambda x: x * c + 7.5).lower(1.0).compile()
   assert use_compilation_cache(a) == a and jax.config.jax_compilation_cache_dir == a and os.path.isdir(a)
