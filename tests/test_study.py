@@ -237,20 +237,42 @@ def test_cli_rejects_an_unknown_study(capsys):
 
 
 def test_no_run_starts_that_would_end_after_finish_by(tmp_path):
-  study = study_lib.STUDIES['tiny']()
+  study = study_lib.STUDIES['tiny']()  # runs in order: BP seed 0, FDG seed 0, BP seed 1, FDG seed 1
   workdir, said = str(tmp_path / 'study'), []
   # no run has run whole yet: nothing to judge by, so the first run starts
   assert study_lib.run_study(study, workdir, max_runs=1, finish_by_s=1e-3, log=said.append)['ran'] == 1
   took = study_lib.whole_run_seconds(study, workdir)
   assert len(took) == 1 and took[0] > 0  # recorded in its finished.json
+  # every other run goes by it (BP seed 1 by its cell, the FDG runs by their row: no FDG run yet), and none fits
+  # half of it
   assert study_lib.run_study(study, workdir, finish_by_s=took[0] / 2, log=said.append)['ran'] == 0
-  assert f'not started: a run has taken up to {took[0] / 60:.1f} min' in said[-1]
+  assert said[-1].startswith('3 runs not started: each would end after --finish_by_min (') and (
+      f'the shortest, {study.runs[1].name}, takes about {took[0] / 60:.1f} min going by the same row' in said[-1])
   # with time enough it starts; a run resumed from a checkpoint did not run whole: its time is not recorded
   partial = study.runs[1].config()
   partial.max_steps = 2
   train_and_evaluate(partial, study_lib.run_dir(workdir, study.runs[1]))
   assert study_lib.run_study(study, workdir, max_runs=1, finish_by_s=took[0] * 50, log=said.append)['ran'] == 1
   assert study_lib.is_finished(workdir, study.runs[1]) and study_lib.whole_run_seconds(study, workdir) == took
+
+
+def test_finish_by_passes_over_a_long_run_and_starts_a_shorter_one_after_it(tmp_path):
+  """Each run is judged by its own estimate (its table cell's finished runs first), not by the study's longest:
+  a session that ends in an hour finishes the short runs behind a long one instead of stopping at it."""
+  study = study_lib.STUDIES['tiny']()  # BP seed 0, FDG seed 0, BP seed 1, FDG seed 1
+  workdir, said = str(tmp_path / 'study'), []
+  bp0 = study_lib.run_dir(workdir, study.runs[0])  # BP's cell: a finished run that took a day
+  os.makedirs(bp0)
+  with open(os.path.join(bp0, 'finished.json'), 'w') as f:
+    json.dump({'step': 8, 'test_accuracy': 0.5, 'whole_run_seconds': 86400.0}, f)
+  assert study_lib.run_study(study, workdir, max_runs=1, log=said.append)['ran'] == 1  # FDG seed 0, whole
+  fdg = study_lib.whole_run_seconds(study, workdir)
+  assert sorted(fdg)[-1] == 86400.0 and len(fdg) == 2
+  budget = min(fdg) * 20 + 60  # room for FDG seed 1 (its cell: FDG seed 0), none for BP seed 1 (a day)
+  assert study_lib.run_study(study, workdir, finish_by_s=budget, log=said.append)['ran'] == 1
+  assert study_lib.is_finished(workdir, study.runs[3]) and not study_lib.is_finished(workdir, study.runs[2])
+  assert said[-1].startswith('1 run not started: each would end after --finish_by_min') and (
+      f'the shortest, {study.runs[2].name}, takes about 1440.0 min going by the same cell' in said[-1]), said[-1]
 
 
 def test_a_sigterm_as_a_run_ends_stops_the_study_after_that_run(tmp_path, monkeypatch):
@@ -334,9 +356,10 @@ def test_runs_flag_runs_only_the_matching_runs_and_refuses_a_pattern_that_matche
   assert "--runs=*predict* matches none of study tiny's 4 runs (names look like resnet-8-k-2__bp__seed0" in err
 
 
-def test_time_left_goes_by_the_same_cell_then_column_then_study(tmp_path, capsys):
+def test_time_left_goes_by_the_same_cell_then_row_then_column_then_study(tmp_path, capsys):
   """Each unfinished run is estimated by the median of the finished runs of its cell (other seeds), else its
-  column, else the study; a resumed run counts its evaluations' epoch and evaluation seconds, not the gaps."""
+  row, else its column, else the study; a resumed run counts its evaluations' epoch and evaluation seconds, not the
+  gaps."""
   from jaxdecouple.study.left import run_seconds, time_left
   runs = [study_lib.Run(row, col, seed, build=None) for row in ('A', 'B') for col in ('BP', 'M') for seed in (0, 1, 2)]
   study = study_lib.Study('t', 'T', 'd', 'r', tuple(runs))
@@ -361,8 +384,8 @@ def test_time_left_goes_by_the_same_cell_then_column_then_study(tmp_path, capsys
   left = time_left(study, workdir)
   # A/BP seed 2: its cell, median(100, 300) = 200; A/M seeds 1, 2: their cell, 90 each; B/BP x3: the column
   # BP, 200 each; B/M x3: the column M, 90 each
-  assert left == {'runs': 9, 'seconds': 200 + 2 * 90 + 3 * 200 + 3 * 90, 'by_itself': 0, 'by_cell': 3, 'by_column': 6,
-                  'by_study': 0, 'unknown': 0}
+  assert left == {'runs': 9, 'seconds': 200 + 2 * 90 + 3 * 200 + 3 * 90, 'by_itself': 0, 'by_cell': 3, 'by_row': 0,
+                  'by_column': 6, 'by_study': 0, 'unknown': 0}
   other = study_lib.Study('t', 'T', 'd', 'r', tuple(runs) + (study_lib.Run('C', 'N', 0, build=None),))
   assert time_left(other, workdir)['by_study'] == 1 and time_left(other, workdir)['seconds'] == 1250 + 100.0
   empty = study_lib.Study('t', 'T', 'd', 'r', tuple(runs[6:]))
@@ -377,7 +400,8 @@ def test_time_left_goes_by_the_same_cell_then_column_then_study(tmp_path, capsys
       'seeds); 5 from the same column; --jobs divides it by the processes the cores can carry')
   # B/BP seed 0 under way: 2 of its 4 epochs evaluated, in 35 + 5 and (the last record of its step, logged again
   # after a resume) 60 + 5 seconds: 2 epochs left at the median, 52.5 s; its cell's other seeds go by it as a whole
-  # run, 4 x 52.5 s, rather than by the column (200 s each)
+  # run, 4 x 52.5 s, rather than by the column (200 s each), and so do its row's unfinished B/M seeds 0 and 1 (rather
+  # than by the column M, 90 s each)
   under_way = study_lib.run_dir(workdir, runs[6])
   os.makedirs(under_way)
   with open(os.path.join(under_way, 'config.json'), 'w') as f:
@@ -387,8 +411,9 @@ def test_time_left_goes_by_the_same_cell_then_column_then_study(tmp_path, capsys
                  + '\n' for e, t in ((1, 35.0), (2, 40.0), (2, 60.0)))
   from jaxdecouple.study.left import own_pace
   assert own_pace(workdir, runs[6]) == (pytest.approx(52.5), 2.0, 4.0)
-  assert time_left(study, workdir) == dict(left, runs=8, seconds=left['seconds'] - 90 - 3 * 200 + 2 * 52.5 + 2 * 4 * 52.5,
-                                           by_itself=1, by_cell=5, by_column=2)
+  assert time_left(study, workdir) == dict(
+      left, runs=8, seconds=left['seconds'] - 90 - 3 * 200 + 2 * 52.5 + 2 * 4 * 52.5 - 2 * 90 + 2 * 4 * 52.5,
+      by_itself=1, by_cell=5, by_row=2, by_column=0)
   for damaged in ('{"num_epochs": 4, "max_steps": 100}', '{"num_epochs": 4'):  # a step limit, a cut file: no pace
     with open(os.path.join(under_way, 'config.json'), 'w') as f:
       f.write(damaged)

@@ -5,7 +5,7 @@
 
 Each run of a study has its own workdir (WORKDIR/runs/NAME). A run that finished is skipped; an
 interrupted one resumes from its checkpoints; ``--max_runs``, ``--time_limit_min`` and
-``--finish_by_min`` (no run that would end after it, going by the longest run so far) stop starting
+``--finish_by_min`` (no run that would end after it, going by that run's own estimate) stop starting
 new runs, so a long study proceeds across machines that stop every few minutes (SIGTERM stops the
 current run cleanly after a checkpoint). Several processes can share one workdir: a process claims a
 run (WORKDIR/runs/NAME/running.json: host and pid) and the others pass over it while that process

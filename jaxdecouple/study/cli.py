@@ -30,9 +30,10 @@ def main(argv=None) -> int:
   p.add_argument('--time_limit_min', type=float, default=0.0,
                  help='start no new run after this many minutes (0: no limit)')
   p.add_argument('--finish_by_min', type=float, default=0.0,
-                 help='start no run that would not end within this many minutes, judged by the longest '
-                      'run of the study that ran whole so far (0: no limit); for machines that stop at a '
-                      'fixed time')
+                 help='start no run that would not end within this many minutes, judged by its own estimate '
+                      '(as --left makes it: its own pace if under way, else its cell\'s, column\'s or study\'s '
+                      'finished runs); a run that would not fit is passed over for a shorter one after it (0: no '
+                      'limit); for machines that stop at a fixed time or are replaced between sessions')
   p.add_argument('--keep_checkpoints', action='store_true',
                  help="keep a finished run's checkpoints (default: deleted; the report needs only metrics)")
   p.add_argument('--jobs', type=int, default=1,

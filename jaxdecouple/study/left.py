@@ -5,7 +5,8 @@ continues one wants to know, before starting, whether what is left is an afterno
 is a model, labelled so where it is printed: a run under way (stopped or running, with an evaluation
 recorded) is assumed to go on at its own pace, here; every other unfinished run to take what the finished runs
 of the same table cell took on other seeds (a run under way counting as a whole run at its pace), else of the
-same column, else of the whole study, on the machines that ran them.
+same row (the network, its split and recipe: what decides a run's cost more than its method does; an S = 8 run
+is not an S = 2 run's length), else of the same column, else of the whole study, on the machines that ran them.
 """
 from __future__ import annotations
 
@@ -56,10 +57,16 @@ def own_pace(workdir: str, run) -> tuple[float, float, float] | None:
 
 
 
-def time_left(study: Study, workdir: str) -> dict:
-  """The unfinished runs and the estimated seconds they need one after another: ``runs`` left, ``seconds``,
-  and how many were estimated at their own pace (``by_itself``: under way), from the same cell (``by_cell``), the
-  same column (``by_column``) or the whole study (``by_study``); ``unknown`` with no finished run to go by."""
+BASES = ('by_itself', 'by_cell', 'by_row', 'by_column', 'by_study')  # an estimate's basis, closest first
+BASIS_WORDS = {'by_itself': 'itself (under way: its epochs left at its own pace)', 'by_cell': 'the same cell (other seeds)',
+               'by_row': 'the same row (other methods)', 'by_column': 'the same column',
+               'by_study': 'the whole study (the roughest)'}
+
+
+def run_estimates(study: Study, workdir: str) -> dict[str, tuple[float, str] | None]:
+  """Each unfinished run's estimated seconds to its end and the estimate's basis (one of ``BASES``), by name;
+  None for a run with nothing to go by (no finished run, none under way). A model: the median of finished runs'
+  times on the machines that ran them, or a run's own pace so far."""
   took = {run.name: run_seconds(workdir, run) for run in study.runs}
   done = [run for run in study.runs if took[run.name] is not None]
   left = [run for run in study.runs if not is_finished(workdir, run)]  # a finished run with no times is not left
@@ -68,22 +75,34 @@ def time_left(study: Study, workdir: str) -> dict:
     if (pace := paces[run.name]) is not None:
       took[run.name] = pace[0] * pace[2]
       done.append(run)
-  counts = {'runs': len(left), 'seconds': 0.0, 'by_itself': 0, 'by_cell': 0, 'by_column': 0, 'by_study': 0,
-            'unknown': 0}
+  estimates: dict[str, tuple[float, str] | None] = {}
   for run in left:
+    estimates[run.name] = None
     if (pace := paces[run.name]) is not None:  # its epochs left at its seconds an epoch
       per_epoch, epochs_done, epochs = pace
-      counts['seconds'] += max(epochs - epochs_done, 0.0) * per_epoch
-      counts['by_itself'] += 1
+      estimates[run.name] = (max(epochs - epochs_done, 0.0) * per_epoch, 'by_itself')
       continue
     for kind, alike in (('by_cell', lambda r: r.row == run.row and r.column == run.column),
-                        ('by_column', lambda r: r.column == run.column), ('by_study', lambda r: True)):
+                        ('by_row', lambda r: r.row == run.row), ('by_column', lambda r: r.column == run.column),
+                        ('by_study', lambda r: True)):
       if seconds := [took[r.name] for r in done if alike(r)]:
-        counts['seconds'] += statistics.median(seconds)
-        counts[kind] += 1
+        estimates[run.name] = (statistics.median(seconds), kind)
         break
-    else:
+  return estimates
+
+
+def time_left(study: Study, workdir: str) -> dict:
+  """The unfinished runs and the estimated seconds they need one after another: ``runs`` left, ``seconds``,
+  and how many were estimated at their own pace (``by_itself``: under way), from the same cell (``by_cell``), row
+  (``by_row``), column (``by_column``) or the whole study (``by_study``); ``unknown`` with no finished run to go by."""
+  counts = {'runs': 0, 'seconds': 0.0, **{kind: 0 for kind in BASES}, 'unknown': 0}
+  for estimate in run_estimates(study, workdir).values():
+    counts['runs'] += 1
+    if estimate is None:
       counts['unknown'] += 1
+    else:
+      counts['seconds'] += estimate[0]
+      counts[estimate[1]] += 1
   return counts
 
 
@@ -94,9 +113,7 @@ def left_line(study: Study, workdir: str) -> str:
     return f'study {study.name}: every run has finished'
   if c['unknown'] == c['runs']:
     return f'study {study.name}: {c["runs"]} of {len(study.runs)} runs left (no finished run yet to estimate their time)'
-  basis = {'by_itself': 'itself (under way: its epochs left at its own pace)', 'by_cell': 'the same cell (other seeds)',
-           'by_column': 'the same column', 'by_study': 'the whole study (the roughest)'}
-  how = '; '.join(f'{c[k]} from {basis[k]}' for k in basis if c[k])
+  how = '; '.join(f'{c[k]} from {BASIS_WORDS[k]}' for k in BASES if c[k])
   unknown = f'; {c["unknown"]} with nothing to go by' if c['unknown'] else ''
   return (f'study {study.name}: {c["runs"]} of {len(study.runs)} runs left, about {c["seconds"] / 3600:.1f} h one '
           f'after another, each estimated by the median time of finished runs, on the machines that ran them, or '

@@ -13,6 +13,7 @@ import time
 from typing import Callable, NamedTuple
 
 from jaxdecouple.study.core import FINISHED_NEEDS, Study, is_finished, read_record, run_dir, warn_once
+from jaxdecouple.study.left import BASIS_WORDS, run_estimates
 
 
 def _alive(pid) -> bool:
@@ -160,9 +161,12 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
   """Runs the study's unfinished runs in order; returns counts of finished, run and left runs.
 
   ``time_limit_s``: start no run after that many seconds. ``finish_by_s``: start no run that would not
-  end within that many seconds of the call's start, going by the longest of the study's runs that ran
-  whole (recorded in their finished.json, on whatever machine ran them); with none yet, the first run
-  starts. For machines that stop at a fixed time, where a run cut short loses its checkpoints.
+  end within that many seconds of the call's start, going by its own estimate (``left.run_estimates``: a run
+  under way at its own pace, else the median of the finished runs of its table cell, column or study, on
+  whatever machines ran them); a run that would not fit is passed over and a later, shorter one may start, so
+  a session of a few hours finishes what it can instead of starting a run it would lose. A run with nothing to
+  go by (no run finished or under way) starts. For machines that stop at a fixed time, or are replaced between
+  sessions, where a run cut short loses its checkpoints.
   A finished run's checkpoints are deleted unless ``keep_checkpoints`` (the report needs only its
   metrics; a pipeline method's checkpoint holds the in-flight activations: 200-430 MB for ResNet-20).
   A run that cannot go on (its config.json or all its checkpoints damaged: a CheckpointError or WorkdirError)
@@ -172,6 +176,7 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
   from jaxdecouple.config import set_fields
   from jaxdecouple.train import train_and_evaluate
   start, ran = time.time(), 0
+  estimated, too_long = (-1, {}), []  # (ran when estimated, the estimates); runs passed over for finish_by_s
   for i, run in enumerate(study.runs):
     finished, wrong = read_record(workdir, run, 'finished.json', FINISHED_NEEDS)
     if finished is not None:
@@ -191,11 +196,13 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
       continue
     if (max_runs and ran >= max_runs) or (time_limit_s and time.time() - start > time_limit_s):
       break
-    if finish_by_s and (took := whole_run_seconds(study, workdir)):
-      if time.time() - start + max(took) > finish_by_s:
-        log(f'{run.name} not started: a run has taken up to {max(took) / 60:.1f} min and '
-            f'{(finish_by_s - time.time() + start) / 60:.1f} of the {finish_by_s / 60:g} min are left')
-        break
+    if finish_by_s:
+      if estimated[0] != ran:  # a run finished since: it is one more to go by
+        estimated = (ran, run_estimates(study, workdir))
+      guess = estimated[1].get(run.name)
+      if guess is not None and time.time() - start + guess[0] > finish_by_s:
+        too_long.append((run.name, *guess))
+        continue
     chosen = run.choose(workdir) if run.choose is not None else {}
     if chosen is None:
       log(f'[{i + 1}/{len(study.runs)}] {run.name}: its settings come from {run.waits_for or "other runs"}, not all '
@@ -247,5 +254,10 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
     finally:
       release(where)
       _free_memory()
+  if too_long:
+    name, seconds, basis = min(too_long, key=lambda t: t[1])
+    log(f'{len(too_long)} run{"s" if len(too_long) > 1 else ""} not started: each would end after --finish_by_min '
+        f'({max(finish_by_s - time.time() + start, 0.0) / 60:.1f} of the {finish_by_s / 60:g} min are left; the '
+        f'shortest, {name}, takes about {seconds / 60:.1f} min going by {BASIS_WORDS[basis]})')
   done = sum(is_finished(workdir, r) for r in study.runs)
   return {'finished': done, 'ran': ran, 'left': len(study.runs) - done}
