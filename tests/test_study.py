@@ -4,6 +4,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import time
 
 import pytest
@@ -239,8 +240,10 @@ def test_cli_rejects_an_unknown_study(capsys):
 def test_no_run_starts_that_would_end_after_finish_by(tmp_path):
   study = study_lib.STUDIES['tiny']()  # runs in order: BP seed 0, FDG seed 0, BP seed 1, FDG seed 1
   workdir, said = str(tmp_path / 'study'), []
-  # no run has run whole yet: nothing to judge by, so the first run starts
-  assert study_lib.run_study(study, workdir, max_runs=1, finish_by_s=1e-3, log=said.append)['ran'] == 1
+  # no run has run whole yet: nothing to judge by, so the first run starts; then it is one to judge by (the
+  # estimates are made again after each run), and the others would not fit
+  assert study_lib.run_study(study, workdir, finish_by_s=1e-3, log=said.append)['ran'] == 1
+  assert said[-1].startswith('3 runs not started: each would end after --finish_by_min (0.0 of the 1.66667e-05 min')
   took = study_lib.whole_run_seconds(study, workdir)
   assert len(took) == 1 and took[0] > 0  # recorded in its finished.json
   # every other run goes by it (BP seed 1 by its cell, the FDG runs by their row: no FDG run yet), and none fits
@@ -273,6 +276,16 @@ def test_finish_by_passes_over_a_long_run_and_starts_a_shorter_one_after_it(tmp_
   assert study_lib.is_finished(workdir, study.runs[3]) and not study_lib.is_finished(workdir, study.runs[2])
   assert said[-1].startswith('1 run not started: each would end after --finish_by_min') and (
       f'the shortest, {study.runs[2].name}, takes about 1440.0 min going by the same cell' in said[-1]), said[-1]
+  # --runs: a part of the study runs, judged by the whole study's records (BP seed 1 alone has no record of its
+  # own part to go by, and would start); while another live process holds it, it is that process's to run
+  seed1_bp = dataclasses.replace(study, runs=(study.runs[2],))
+  assert study_lib.run_study(seed1_bp, workdir, finish_by_s=budget, log=said.append, estimate_from=study)['ran'] == 0
+  assert 'takes about 1440.0 min going by the same cell' in said[-1]
+  os.makedirs(study_lib.run_dir(workdir, study.runs[2]), exist_ok=True)
+  with open(os.path.join(study_lib.run_dir(workdir, study.runs[2]), 'running.json'), 'w') as f:
+    json.dump({'host': socket.gethostname(), 'pid': os.getppid()}, f)
+  assert study_lib.run_study(seed1_bp, workdir, finish_by_s=budget, log=said.append, estimate_from=study)['ran'] == 0
+  assert said[-1].endswith(f'{study.runs[2].name}: being run by process {os.getppid()}, passed over'), said[-1]
 
 
 def test_a_sigterm_as_a_run_ends_stops_the_study_after_that_run(tmp_path, monkeypatch):
@@ -414,6 +427,11 @@ def test_time_left_goes_by_the_same_cell_then_row_then_column_then_study(tmp_pat
   assert time_left(study, workdir) == dict(
       left, runs=8, seconds=left['seconds'] - 90 - 3 * 200 + 2 * 52.5 + 2 * 4 * 52.5 - 2 * 90 + 2 * 4 * 52.5,
       by_itself=1, by_cell=5, by_row=2, by_column=0)
+  assert '; 5 from the same cell (other seeds); 2 from the same row (other methods); --jobs' in left_line(study, workdir)
+  os.makedirs(study_lib.run_dir(workdir, runs[9]))
+  with open(os.path.join(study_lib.run_dir(workdir, runs[9]), 'diverged.json'), 'w') as f:  # B/M seed 0
+    json.dump({'step': 3, 'message': 'loss is nan'}, f)  # the runner passes it over: not left
+  assert time_left(study, workdir)['runs'] == 7 and time_left(study, workdir)['by_row'] == 1
   for damaged in ('{"num_epochs": 4, "max_steps": 100}', '{"num_epochs": 4'):  # a step limit, a cut file: no pace
     with open(os.path.join(under_way, 'config.json'), 'w') as f:
       f.write(damaged)

@@ -31,9 +31,10 @@ def main(argv=None) -> int:
                  help='start no new run after this many minutes (0: no limit)')
   p.add_argument('--finish_by_min', type=float, default=0.0,
                  help='start no run that would not end within this many minutes, judged by its own estimate '
-                      '(as --left makes it: its own pace if under way, else its cell\'s, column\'s or study\'s '
-                      'finished runs); a run that would not fit is passed over for a shorter one after it (0: no '
-                      'limit); for machines that stop at a fixed time or are replaced between sessions')
+                      '(as --left makes it: its own pace if under way, else the finished runs of its cell, row, '
+                      'column or study; it leaves out a resumed run\'s start-up: leave a margin); a run that would '
+                      'not fit is passed over for a shorter one after it (0: no limit); for machines that stop at '
+                      'a fixed time or are replaced between sessions')
   p.add_argument('--keep_checkpoints', action='store_true',
                  help="keep a finished run's checkpoints (default: deleted; the report needs only metrics)")
   p.add_argument('--jobs', type=int, default=1,
@@ -82,7 +83,7 @@ def main(argv=None) -> int:
     try:
       status = run_study(chosen, args.workdir, args.data_path, args.max_runs, args.time_limit_min * 60,
                          keep_checkpoints=args.keep_checkpoints, console=not args.pin,
-                         finish_by_s=args.finish_by_min * 60)
+                         finish_by_s=args.finish_by_min * 60, estimate_from=study)
     finally:
       if cpus is not None:
         os.sched_setaffinity(0, cpus)  # when called in-process (tests, notebooks)

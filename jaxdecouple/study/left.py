@@ -14,7 +14,7 @@ import json
 import os
 import statistics
 
-from jaxdecouple.study.core import Study, finished_record, is_finished, run_dir
+from jaxdecouple.study.core import Study, finished_record, is_finished, read_record, run_dir
 from jaxdecouple.writers import read_metrics
 
 
@@ -69,7 +69,10 @@ def run_estimates(study: Study, workdir: str) -> dict[str, tuple[float, str] | N
   times on the machines that ran them, or a run's own pace so far."""
   took = {run.name: run_seconds(workdir, run) for run in study.runs}
   done = [run for run in study.runs if took[run.name] is not None]
-  left = [run for run in study.runs if not is_finished(workdir, run)]  # a finished run with no times is not left
+  # a finished run with no times is not left, nor a diverged one (the runner passes it over: it would diverge
+  # again; so it does with a damaged diverged.json)
+  left = [run for run in study.runs if not is_finished(workdir, run)
+          and read_record(workdir, run, 'diverged.json') == (None, None)]
   paces = {run.name: own_pace(workdir, run) for run in left}
   for run in left:  # a run under way stands for its cell's other seeds too: a whole run at its pace
     if (pace := paces[run.name]) is not None:

@@ -58,6 +58,19 @@ def claim(where: str) -> dict | None:
   return {'host': '?', 'pid': '?'}  # lost a race for it twice: leave it to the other process
 
 
+def held_elsewhere(where: str) -> dict | None:
+  """The claim of another live process on this host that holds the run in ``where``, else None; reads only
+  (``claim`` takes a run, and settles a race for it)."""
+  try:
+    with open(os.path.join(where, 'running.json'), encoding='utf-8') as f:
+      other = json.load(f)
+  except (OSError, ValueError):
+    return None
+  mine = other == {'host': socket.gethostname(), 'pid': os.getpid()}
+  return other if isinstance(other, dict) and not mine and other.get('host') == socket.gethostname() and _alive(
+      other.get('pid')) else None
+
+
 def release(where: str) -> None:
   with contextlib.suppress(FileNotFoundError):
     os.remove(os.path.join(where, 'running.json'))
@@ -157,16 +170,18 @@ def _free_memory() -> None:
 
 def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0,
               time_limit_s: float = 0.0, log: Callable[[str], None] = print,
-              keep_checkpoints: bool = False, console: bool = True, finish_by_s: float = 0.0) -> dict:
+              keep_checkpoints: bool = False, console: bool = True, finish_by_s: float = 0.0,
+              estimate_from: Study | None = None) -> dict:
   """Runs the study's unfinished runs in order; returns counts of finished, run and left runs.
 
   ``time_limit_s``: start no run after that many seconds. ``finish_by_s``: start no run that would not
   end within that many seconds of the call's start, going by its own estimate (``left.run_estimates``: a run
-  under way at its own pace, else the median of the finished runs of its table cell, column or study, on
-  whatever machines ran them); a run that would not fit is passed over and a later, shorter one may start, so
-  a session of a few hours finishes what it can instead of starting a run it would lose. A run with nothing to
-  go by (no run finished or under way) starts. For machines that stop at a fixed time, or are replaced between
-  sessions, where a run cut short loses its checkpoints.
+  under way at its own pace, else the median of the finished runs of its table cell, row, column or study, on
+  whatever machines ran them; of ``estimate_from``'s runs, the whole study where ``study`` is a part of it chosen
+  by ``--runs``); a run that would not fit is passed over and a later, shorter one may start, so a session of a
+  few hours finishes what it can instead of starting a run it would lose. A run with nothing to go by (no run
+  finished or under way) starts while the time is not up. For machines that stop at a fixed time, or are
+  replaced between sessions, where a run cut short loses its checkpoints.
   A finished run's checkpoints are deleted unless ``keep_checkpoints`` (the report needs only its
   metrics; a pipeline method's checkpoint holds the in-flight activations: 200-430 MB for ResNet-20).
   A run that cannot go on (its config.json or all its checkpoints damaged: a CheckpointError or WorkdirError)
@@ -196,19 +211,22 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
       continue
     if (max_runs and ran >= max_runs) or (time_limit_s and time.time() - start > time_limit_s):
       break
-    if finish_by_s:
-      if estimated[0] != ran:  # a run finished since: it is one more to go by
-        estimated = (ran, run_estimates(study, workdir))
-      guess = estimated[1].get(run.name)
-      if guess is not None and time.time() - start + guess[0] > finish_by_s:
-        too_long.append((run.name, *guess))
-        continue
     chosen = run.choose(workdir) if run.choose is not None else {}
     if chosen is None:
       log(f'[{i + 1}/{len(study.runs)}] {run.name}: its settings come from {run.waits_for or "other runs"}, not all '
           'finished yet; passed over')
       continue
     where = run_dir(workdir, run)
+    if finish_by_s:
+      if holder := held_elsewhere(where):  # under way in another process: not this one's to judge or start
+        log(f'[{i + 1}/{len(study.runs)}] {run.name}: being run by process {holder["pid"]}, passed over')
+        continue
+      if estimated[0] != ran:  # a run finished (or diverged) since: one more to go by
+        estimated = (ran, run_estimates(estimate_from or study, workdir))
+      guess = estimated[1].get(run.name) or (0.0, None)  # nothing to go by: it starts while there is time
+      if time.time() - start + guess[0] > finish_by_s:
+        too_long.append((run.name, *guess))
+        continue
     os.makedirs(where, exist_ok=True)
     holder = claim(where)
     if holder:
@@ -256,8 +274,10 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
       _free_memory()
   if too_long:
     name, seconds, basis = min(too_long, key=lambda t: t[1])
+    shortest = (f'the shortest, {name}, takes about {seconds / 60:.1f} min going by {BASIS_WORDS[basis]}' if basis
+                else f'{name} has nothing to go by')
     log(f'{len(too_long)} run{"s" if len(too_long) > 1 else ""} not started: each would end after --finish_by_min '
-        f'({max(finish_by_s - time.time() + start, 0.0) / 60:.1f} of the {finish_by_s / 60:g} min are left; the '
-        f'shortest, {name}, takes about {seconds / 60:.1f} min going by {BASIS_WORDS[basis]})')
+        f'({max(finish_by_s - time.time() + start, 0.0) / 60:.1f} of the {finish_by_s / 60:g} min are left; '
+        f'{shortest})')
   done = sum(is_finished(workdir, r) for r in study.runs)
   return {'finished': done, 'ran': ran, 'left': len(study.runs) - done}
