@@ -11,6 +11,7 @@ import pytest
 
 from conftest import scaled_timeout, timed_out
 from jaxdecouple import study as study_lib
+from jaxdecouple.study import runner
 from jaxdecouple.train import train_and_evaluate
 
 
@@ -335,6 +336,9 @@ def test_a_run_claimed_by_a_live_process_is_passed_over(tmp_path):
     with open(os.path.join(where, 'running.json'), 'w') as f:
       json.dump(held, f)
     assert study_lib.claim(where) == held
+    assert runner.held_elsewhere(where) == held  # reads the claim without taking it
+    with open(os.path.join(where, 'running.json')) as f:
+      assert json.load(f) == held
     # The study passes over a run another live process holds and takes the next one.
     study = study_lib.STUDIES['tiny']()
     workdir = str(tmp_path / 'study')
@@ -349,9 +353,14 @@ def test_a_run_claimed_by_a_live_process_is_passed_over(tmp_path):
   finally:
     other.kill()
     other.wait()
-  assert study_lib.claim(where) is None  # its process is gone: taken over
+  assert runner.held_elsewhere(where) is None  # its process is gone
+  assert study_lib.claim(where) is None  # ... so the run is taken over
   with open(os.path.join(where, 'running.json')) as f:
     assert json.load(f)['pid'] == os.getpid()
+  assert runner.held_elsewhere(where) is None  # this process's own claim is not another's
+  with open(os.path.join(where, 'running.json'), 'w') as f:
+    json.dump({'host': 'a-stopped-machine', 'pid': os.getpid()}, f)
+  assert runner.held_elsewhere(where) is None  # another host's claim is a stopped machine's
 
 
 def test_runs_flag_runs_only_the_matching_runs_and_refuses_a_pattern_that_matches_none(tmp_path, capsys):

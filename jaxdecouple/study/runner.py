@@ -24,12 +24,22 @@ def _alive(pid) -> bool:
   return True
 
 
+def _this_process() -> dict:
+  return {'host': socket.gethostname(), 'pid': os.getpid()}
+
+
+def _live_other(other, me: dict) -> bool:
+  """Whether a claim read from a run's folder is another process's, on this host, still alive: the one kind
+  of claim a process must leave alone (a claim from another host is a stopped machine's)."""
+  return isinstance(other, dict) and other != me and other.get('host') == me['host'] and _alive(other.get('pid'))
+
+
 def claim(where: str) -> dict | None:
   """Claims the run in ``where`` for this process; returns the claim of the live process on this
   host that already holds it (then this one must pass over it), else None. A claim whose process is
   gone, or from another host (a machine that stopped), is taken over."""
   path = os.path.join(where, 'running.json')
-  me = {'host': socket.gethostname(), 'pid': os.getpid()}
+  me = _this_process()
   for _ in range(2):
     # The claim appears whole or not at all: written to a file of this process's own, then linked to its
     # name (which fails if the name exists). A claim created empty and written after would let a second
@@ -47,7 +57,7 @@ def claim(where: str) -> dict | None:
         other = {}
       if other == me:
         return None
-      if other.get('host') == me['host'] and _alive(other.get('pid')):
+      if _live_other(other, me):
         return other
       with contextlib.suppress(FileNotFoundError):  # another process may have removed it first
         os.remove(path)
@@ -66,9 +76,7 @@ def held_elsewhere(where: str) -> dict | None:
       other = json.load(f)
   except (OSError, ValueError):
     return None
-  mine = other == {'host': socket.gethostname(), 'pid': os.getpid()}
-  return other if isinstance(other, dict) and not mine and other.get('host') == socket.gethostname() and _alive(
-      other.get('pid')) else None
+  return other if _live_other(other, _this_process()) else None
 
 
 def release(where: str) -> None:
