@@ -289,6 +289,39 @@ def test_finish_by_passes_over_a_long_run_and_starts_a_shorter_one_after_it(tmp_
   assert said[-1].endswith(f'{study.runs[2].name}: being run by process {os.getppid()}, passed over'), said[-1]
 
 
+def test_finish_by_scales_the_records_estimates_by_this_machines_measured_pace(tmp_path):
+  """The records may come from a machine several times slower (or faster) than this one: once a run judged by
+  them has run whole here, its measured time over that estimate scales the estimates of the runs after it."""
+  study = study_lib.STUDIES['tiny']()  # BP seed 0, FDG seed 0, BP seed 1, FDG seed 1
+  workdir, said = str(tmp_path / 'study'), []
+  slow = 100000.0  # the seed 0 runs, finished on a much slower machine
+  for run in study.runs[:2]:
+    os.makedirs(study_lib.run_dir(workdir, run))
+    with open(os.path.join(study_lib.run_dir(workdir, run), 'finished.json'), 'w') as f:
+      json.dump({'step': 8, 'test_accuracy': 0.5, 'whole_run_seconds': slow}, f)
+  # room for one run by the records' estimate (BP seed 1 starts at once), not for two (a tiny run takes more than
+  # a second); FDG seed 1 fits once BP seed 1's measured pace has scaled its estimate
+  assert study_lib.run_study(study, workdir, finish_by_s=slow + 1.0, log=said.append)['ran'] == 2
+  assert all(study_lib.is_finished(workdir, r) for r in study.runs[2:])
+  assert said[-1].startswith('--finish_by_min: estimates from other runs\' records scaled by '), said[-1]
+  assert 'what the 2 runs this call ran whole took of theirs' in said[-1]
+  assert 0 < float(said[-1].split('scaled by ')[1].split(',')[0]) < 0.01  # seconds against the records' 100000
+  # a run under way goes by its own pace, this machine's already: not scaled (200000 s for its second epoch)
+  again, said = str(tmp_path / 'again'), []
+  for run in study.runs[:2]:
+    os.makedirs(study_lib.run_dir(again, run))
+    with open(os.path.join(study_lib.run_dir(again, run), 'finished.json'), 'w') as f:
+      json.dump({'step': 8, 'test_accuracy': 0.5, 'whole_run_seconds': slow}, f)
+  os.makedirs(study_lib.run_dir(again, study.runs[3]))  # FDG seed 1 under way: judged by its own pace, unscaled
+  with open(os.path.join(study_lib.run_dir(again, study.runs[3]), 'metrics.jsonl'), 'w') as f:
+    f.write(json.dumps({'kind': 'eval', 'step': 4, 'epoch': 1.0, 'epoch_time_s': 2 * slow, 'eval_time_s': 0.0}) + '\n')
+  with open(os.path.join(study_lib.run_dir(again, study.runs[3]), 'config.json'), 'w') as f:
+    json.dump({'num_epochs': 2}, f)
+  assert study_lib.run_study(study, again, finish_by_s=slow + 1.0, log=said.append)['ran'] == 1
+  assert said[-1].startswith('1 run not started') and 'going by itself' in said[-1], said[-1]
+  assert 'scaled by' in said[-1]  # the pace was measured, and left the run's own pace as it is
+
+
 def test_a_sigterm_as_a_run_ends_stops_the_study_after_that_run(tmp_path, monkeypatch):
   """A command's time limit (or a preemption) sends SIGTERM; one that lands while the last step's checkpoint
   is written finds the run done. The run is recorded as finished, and no further run starts (it would be cut

@@ -32,9 +32,10 @@ def main(argv=None) -> int:
   p.add_argument('--finish_by_min', type=float, default=0.0,
                  help='start no run that would not end within this many minutes, judged by its own estimate '
                       '(as --left makes it: its own pace if under way, else the finished runs of its cell, row, '
-                      'column or study; it leaves out a resumed run\'s start-up: leave a margin); a run that would '
-                      'not fit is passed over for a shorter one after it (0: no limit); for machines that stop at '
-                      'a fixed time or are replaced between sessions')
+                      'column or study, on the machines that ran them, scaled by this machine\'s pace once a run '
+                      'it judged has run whole here; it leaves out a resumed run\'s start-up: leave a margin); a '
+                      'run that would not fit is passed over for a shorter one after it (0: no limit); for machines '
+                      'that stop at a fixed time or are replaced between sessions')
   p.add_argument('--keep_checkpoints', action='store_true',
                  help="keep a finished run's checkpoints (default: deleted; the report needs only metrics)")
   p.add_argument('--jobs', type=int, default=1,

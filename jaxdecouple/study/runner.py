@@ -9,6 +9,7 @@ import platform
 import re
 import shutil
 import socket
+import statistics
 import time
 from typing import Callable, NamedTuple
 
@@ -77,6 +78,19 @@ def held_elsewhere(where: str) -> dict | None:
   except (OSError, ValueError):
     return None
   return other if _live_other(other, _this_process()) else None
+
+
+def _pace_here(paced: list[float]) -> float:
+  """This machine's pace against the records' machines: the median of (measured / estimated seconds) of the runs
+  this call ran whole, each against its estimate from the records the call found (a model from what it measured)."""
+  return statistics.median(paced)
+
+
+def _pace_words(paced: list[float]) -> str:
+  if not paced:
+    return ''
+  return (f'; estimates from other runs\' records scaled by {_pace_here(paced):.3g}, what the {len(paced)} '
+          f'run{"s" if len(paced) > 1 else ""} this call ran whole took of {"theirs" if len(paced) > 1 else "its"}')
 
 
 def release(where: str) -> None:
@@ -189,7 +203,11 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
   by ``--runs``); a run that would not fit is passed over and a later, shorter one may start, so a session of a
   few hours finishes what it can instead of starting a run it would lose. A run with nothing to go by (no run
   finished or under way) starts while the time is not up. For machines that stop at a fixed time, or are
-  replaced between sessions, where a run cut short loses its checkpoints.
+  replaced between sessions, where a run cut short loses its checkpoints. Those records come from whatever
+  machines ran them, a replaced one two or three times faster or slower than this one: once this call has run
+  a run whole that the records it found had estimated, its measured time over that estimate (the median over
+  such runs, ``_pace_here``) scales those estimates for the runs after it; a run's own pace is this machine's
+  already, and a run with no estimate in them goes by the records as they are then (this machine's runs).
   A finished run's checkpoints are deleted unless ``keep_checkpoints`` (the report needs only its
   metrics; a pipeline method's checkpoint holds the in-flight activations: 200-430 MB for ResNet-20).
   A run that cannot go on (its config.json or all its checkpoints damaged: a CheckpointError or WorkdirError)
@@ -200,6 +218,9 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
   from jaxdecouple.train import train_and_evaluate
   start, ran = time.time(), 0
   estimated, too_long = (-1, {}), []  # (ran when estimated, the estimates); runs passed over for finish_by_s
+  # this machine's pace: measured / estimated seconds of the runs this call ran whole, each against its estimate
+  # from the records this call found (``found``: a later estimate would mix in this machine's own runs)
+  found, paced, before = None, [], None
   for i, run in enumerate(study.runs):
     finished, wrong = read_record(workdir, run, 'finished.json', FINISHED_NEEDS)
     if finished is not None:
@@ -231,7 +252,12 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
         continue
       if estimated[0] != ran:  # a run finished (or diverged) since: one more to go by
         estimated = (ran, run_estimates(estimate_from or study, workdir))
+        found = estimated[1] if found is None else found
       guess = estimated[1].get(run.name) or (0.0, None)  # nothing to go by: it starts while there is time
+      before = found.get(run.name)
+      before = before if before and before[1] != 'by_itself' else None  # an estimate a machine's pace scales
+      if paced and before:
+        guess = (before[0] * _pace_here(paced), before[1])
       if time.time() - start + guess[0] > finish_by_s:
         too_long.append((run.name, *guess))
         continue
@@ -270,6 +296,8 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
         break
       _write_record(where, 'finished.json', {'step': result.step, **(result.last_eval or {}),
                                              **({'whole_run_seconds': round(time.time() - began, 1)} if whole else {})})
+      if finish_by_s and whole and before and before[0] > 0:
+        paced.append((time.time() - began) / before[0])
       if not keep_checkpoints:
         shutil.rmtree(os.path.join(where, 'checkpoints'), ignore_errors=True)
       if result.stop_requested:  # the signal came as the run's last checkpoint was written: it is done, and
@@ -286,6 +314,8 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
                 else f'{name} has nothing to go by')
     log(f'{len(too_long)} run{"s" if len(too_long) > 1 else ""} not started: each would end after --finish_by_min '
         f'({max(finish_by_s - time.time() + start, 0.0) / 60:.1f} of the {finish_by_s / 60:g} min are left; '
-        f'{shortest})')
+        f'{shortest}{_pace_words(paced)})')
+  elif paced:
+    log(f'--finish_by_min: {_pace_words(paced)[2:]}')
   done = sum(is_finished(workdir, r) for r in study.runs)
   return {'finished': done, 'ran': ran, 'left': len(study.runs) - done}
