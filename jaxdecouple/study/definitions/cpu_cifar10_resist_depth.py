@@ -23,6 +23,22 @@ MODEL = 'preact_tiny_s3_23'  # [1, 1, 23, 1], 8..64 channels: 22 partitioned blo
 WORKERS = 4
 PICKED = (1.0, 0.5)  # cpu_cifar10_resist_outer's tune: the lowest hold-out error for both methods
 COLUMNS = (('local SGD + outer', 'localsgd'), ('ResIST + outer', 'resist'))
+READING = (
+    f'On {MODEL} (22 partitioned blocks, 5 or 6 per sub-network at S=4) local SGD + outer ends at 24.30% (22.74 to '
+    '24.86 over 3 seeds) and ResIST + outer at 27.81% (26.46 to 27.97): ResIST trails by +3.51 points (the median '
+    f'of the per-seed differences), against +3.04 on {main.MODEL}, whose sub-networks get 2 partitioned blocks '
+    'each. Both checks are missed: the gap is not within 1.0 point, and it does not shrink to half; it is half a '
+    'point larger, less than either method spreads over its three seeds.',
+    'Depth changes little for either method: local SGD 24.30% against 23.65% on the shallow proxy, ResIST 27.81% '
+    'against 27.00% (medians; best accuracies 76.03 and 72.59 against 75.73 and 72.93). Both have levelled off by '
+    'the last epoch (its last 20% of epochs moves the error by -0.57 and -0.44 points). A deep local SGD run trains '
+    '26 blocks a worker against ResIST\'s 9 or 10, and ResIST reaches the row\'s target sooner (4606 s of '
+    'training against 6724, medians over runs on two AMD EPYC hosts, one about twice as fast as the other), but '
+    'ends worse.',
+    "So the shallow proxy is not why ResIST misses issue 42's target here: what depth leaves as it is, each "
+    'partitioned block trained on one worker\'s batches a round (a quarter of them at S=4), is. Whether the '
+    "paper's half point needs its ResNet-101 trained for 80-160 epochs, these 8-epoch runs cannot say.",
+)
 
 
 def build(method, workers=WORKERS, model=MODEL, outer_step=PICKED):
@@ -49,7 +65,7 @@ def study() -> Study:
       f'ended by the outer step the tune picked, lr {PICKED[0]:g} and momentum {PICKED[1]:g}) on {MODEL}, whose third '
       f'section has 22 partitioned blocks (5 or 6 per sub-network; the paper: at least 5 "performs optimally"), '
       f'beside the same row on {main.MODEL} (8 partitioned blocks, 2 per sub-network; shown again, not rerun)',
-      tuple(runs), needs=CIFAR10_FILE, best_accuracy=True, baselines=('local SGD + outer',),
+      tuple(runs), needs=CIFAR10_FILE, best_accuracy=True, baselines=('local SGD + outer',), reading=READING,
       claims=(
           Claim(f'ResIST + outer within 1.0 point of local SGD + outer on {MODEL} (issue 42\'s target; on '
                 f'{main.MODEL}: +3.04)', 'ResIST + outer', (deep,), 1.0, baseline='local SGD + outer'),
