@@ -50,6 +50,8 @@ class RunResult:
   stop_requested: bool = False  # a SIGTERM or Ctrl-C came, even one as the last step's checkpoint was written:
   # a caller that runs one run after another (the study runner) starts no further run. (In one process; across
   # processes a stop is agreed at a step, and one after the last step is not seen here.)
+  start_step: int = 0  # where this call started: 0, or the checkpoint's step it resumed from (the study runner
+  # measures this machine's pace on the steps a call ran)
 
   @property
   def finished(self) -> bool:
@@ -158,7 +160,7 @@ class Loop:
     if stop.requested:
       logging.warning('stopped during start-up, before training; run again with the same --workdir')
       self.writer.close()
-      return RunResult(method, state, start, None, self.workdir, self.total_steps)
+      return RunResult(method, state, start, None, self.workdir, self.total_steps, start_step=start)
     try:
       for step in range(start, self.total_steps):
         batch = next_batch(step)
@@ -201,7 +203,7 @@ class Loop:
       logging.info('saved at step %d of %d after %s', step, self.total_steps, took)
     else:
       logging.info('finished at step %d in %s; outputs in %s', step, took, self.workdir)
-    return RunResult(method, state, step, last_eval, self.workdir, self.total_steps)
+    return RunResult(method, state, step, last_eval, self.workdir, self.total_steps, start_step=start)
 
   def start(self) -> tuple[Any, int, tuple[float, int]]:
     """The initial state, or the latest checkpoint's: (state, its step, the interrupted epoch's clock)."""

@@ -258,6 +258,7 @@ def test_no_run_starts_that_would_end_after_finish_by(tmp_path):
   train_and_evaluate(partial, study_lib.run_dir(workdir, study.runs[1]))
   assert study_lib.run_study(study, workdir, max_runs=1, finish_by_s=took[0] * 50, log=said.append)['ran'] == 1
   assert study_lib.is_finished(workdir, study.runs[1]) and study_lib.whole_run_seconds(study, workdir) == took
+  assert 'scaled by' not in said[-1], said[-1]  # estimated by its row (BP's run, other work): it teaches no pace
 
 
 def test_finish_by_passes_over_a_long_run_and_starts_a_shorter_one_after_it(tmp_path):
@@ -304,7 +305,8 @@ def test_finish_by_scales_the_records_estimates_by_this_machines_measured_pace(t
   assert study_lib.run_study(study, workdir, finish_by_s=slow + 1.0, log=said.append)['ran'] == 2
   assert all(study_lib.is_finished(workdir, r) for r in study.runs[2:])
   assert said[-1].startswith('--finish_by_min: estimates from other runs\' records scaled by '), said[-1]
-  assert 'what the 2 runs this call ran whole took of theirs' in said[-1]
+  assert "this machine's time over the records' for the same work (the median of 2 runs this call ran, against " \
+      "their cell's other seeds)" in said[-1], said[-1]
   assert 0 < float(said[-1].split('scaled by ')[1].split(',')[0]) < 0.01  # seconds against the records' 100000
   # a run under way goes by its own pace, this machine's already: not scaled (200000 s for its second epoch)
   again, said = str(tmp_path / 'again'), []
@@ -320,6 +322,32 @@ def test_finish_by_scales_the_records_estimates_by_this_machines_measured_pace(t
   assert study_lib.run_study(study, again, finish_by_s=slow + 1.0, log=said.append)['ran'] == 1
   assert said[-1].startswith('1 run not started') and 'going by itself' in said[-1], said[-1]
   assert 'scaled by' in said[-1]  # the pace was measured, and left the run's own pace as it is
+
+
+def test_finish_by_learns_the_pace_from_the_steps_a_resumed_run_ran(tmp_path):
+  """A session usually starts by finishing the runs the last one left: a resumed run teaches this machine's pace
+  by the share of its steps this call ran, against its cell's records; a share under PACE_MIN_SHARE teaches
+  nothing (the start-up would swamp it)."""
+  from jaxdecouple.study import runner
+  study = study_lib.STUDIES['tiny']()  # BP seed 0, FDG seed 0, BP seed 1, FDG seed 1
+  workdir, said = str(tmp_path / 'study'), []
+  slow = 100000.0  # the seed 0 runs, finished on a much slower machine
+  for run in study.runs[:2]:
+    os.makedirs(study_lib.run_dir(workdir, run))
+    with open(os.path.join(study_lib.run_dir(workdir, run), 'finished.json'), 'w') as f:
+      json.dump({'step': 8, 'test_accuracy': 0.5, 'whole_run_seconds': slow}, f)
+  for run, steps in ((study.runs[2], 4), (study.runs[3], 7)):  # left by the last session at steps 4 and 7 of 8
+    partial = run.config()
+    partial.max_steps = steps
+    train_and_evaluate(partial, study_lib.run_dir(workdir, run))
+  assert runner.PACE_MIN_SHARE > 1 / 8  # FDG seed 1's one step left teaches nothing
+  # room for one run by the records (BP seed 1, estimated by its cell: the whole run's 100000 s), not two; FDG
+  # seed 1 fits once BP seed 1's 4 steps here have scaled the records
+  assert study_lib.run_study(study, workdir, finish_by_s=slow + 1.0, log=said.append)['ran'] == 2
+  assert all(study_lib.is_finished(workdir, r) for r in study.runs[2:])
+  assert said[-1].startswith("--finish_by_min: estimates from other runs' records scaled by "), said[-1]
+  assert "(1 run this call ran, against its cell's other seeds)" in said[-1], said[-1]
+  assert 0 < float(said[-1].split('scaled by ')[1].split(',')[0]) < 0.01  # seconds against 50000 for 4 steps
 
 
 def test_a_sigterm_as_a_run_ends_stops_the_study_after_that_run(tmp_path, monkeypatch):

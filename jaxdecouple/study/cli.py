@@ -33,7 +33,8 @@ def main(argv=None) -> int:
                  help='start no run that would not end within this many minutes, judged by its own estimate '
                       '(as --left makes it: its own pace if under way, else the finished runs of its cell, row, '
                       'column or study, on the machines that ran them, scaled by this machine\'s pace once a run '
-                      'it judged has run whole here; it leaves out a resumed run\'s start-up: leave a margin); a '
+                      'whose cell\'s other seeds finished has run here, whole or at least a quarter of it; it leaves '
+                      'out a resumed run\'s start-up: leave a margin); a '
                       'run that would not fit is passed over for a shorter one after it (0: no limit); for machines '
                       'that stop at a fixed time or are replaced between sessions')
   p.add_argument('--keep_checkpoints', action='store_true',

@@ -63,17 +63,19 @@ BASIS_WORDS = {'by_itself': 'itself (under way: its epochs left at its own pace)
                'by_study': 'the whole study (the roughest)'}
 
 
-def run_estimates(study: Study, workdir: str) -> dict[str, tuple[float, str] | None]:
+def run_estimates(study: Study, workdir: str, under_way: bool = True) -> dict[str, tuple[float, str] | None]:
   """Each unfinished run's estimated seconds to its end and the estimate's basis (one of ``BASES``), by name;
   None for a run with nothing to go by (no finished run, none under way). A model: the median of finished runs'
-  times on the machines that ran them, or a run's own pace so far."""
+  times on the machines that ran them, or a run's own pace so far. ``under_way=False``: the finished runs' records
+  alone, a run under way estimated as a whole run as if it had not started (what the study runner measures this
+  machine's pace against: the same work, on the machines that ran it)."""
   took = {run.name: run_seconds(workdir, run) for run in study.runs}
   done = [run for run in study.runs if took[run.name] is not None]
   # a finished run with no times is not left, nor a diverged one (the runner passes it over: it would diverge
   # again; so it does with a damaged diverged.json)
   left = [run for run in study.runs if not is_finished(workdir, run)
           and read_record(workdir, run, 'diverged.json') == (None, None)]
-  paces = {run.name: own_pace(workdir, run) for run in left}
+  paces = {run.name: own_pace(workdir, run) if under_way else None for run in left}
   for run in left:  # a run under way stands for its cell's other seeds too: a whole run at its pace
     if (pace := paces[run.name]) is not None:
       took[run.name] = pace[0] * pace[2]

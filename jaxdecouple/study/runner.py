@@ -80,17 +80,25 @@ def held_elsewhere(where: str) -> dict | None:
   return other if _live_other(other, _this_process()) else None
 
 
+# A run teaches this machine's pace only if this call ran at least this share of its steps: a resumed run's
+# start-up (restoring, compiling: a minute or so) counts in its measured time, and would swamp a short remainder.
+PACE_MIN_SHARE = 0.25
+
+
 def _pace_here(paced: list[float]) -> float:
-  """This machine's pace against the records' machines: the median of (measured / estimated seconds) of the runs
-  this call ran whole, each against its estimate from the records the call found (a model from what it measured)."""
+  """This machine's pace against the records' machines: the median, over the runs this call ran (whole, or
+  resumed for at least ``PACE_MIN_SHARE`` of their steps), of the seconds measured here over the seconds their
+  cells' other seeds took for the same steps (a model from what it measured)."""
   return statistics.median(paced)
 
 
 def _pace_words(paced: list[float]) -> str:
   if not paced:
     return ''
-  return (f'; estimates from other runs\' records scaled by {_pace_here(paced):.3g}, what the {len(paced)} '
-          f'run{"s" if len(paced) > 1 else ""} this call ran whole took of {"theirs" if len(paced) > 1 else "its"}')
+  return (f'; estimates from other runs\' records scaled by {_pace_here(paced):.3g}, this machine\'s time over the '
+          f'records\' for the same work ({"the median of " if len(paced) > 1 else ""}{len(paced)} '
+          f'run{"s" if len(paced) > 1 else ""} this call ran, against {"their" if len(paced) > 1 else "its"} '
+          f'cell\'s other seeds)')
 
 
 def release(where: str) -> None:
@@ -175,10 +183,13 @@ class _Outcome(NamedTuple):
   step: int
   last_eval: dict | None
   stop_requested: bool
+  start_step: int
+  total_steps: int
 
 
 def _outcome(result) -> _Outcome:
-  return _Outcome(result.finished, result.step, result.last_eval, result.stop_requested)
+  return _Outcome(result.finished, result.step, result.last_eval, result.stop_requested, result.start_step,
+                  result.total_steps)
 
 
 def _free_memory() -> None:
@@ -205,9 +216,12 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
   finished or under way) starts while the time is not up. For machines that stop at a fixed time, or are
   replaced between sessions, where a run cut short loses its checkpoints. Those records come from whatever
   machines ran them, a replaced one two or three times faster or slower than this one: once this call has run
-  a run whole that the records it found had estimated, its measured time over that estimate (the median over
-  such runs, ``_pace_here``) scales those estimates for the runs after it; a run's own pace is this machine's
-  already, and a run with no estimate in them goes by the records as they are then (this machine's runs).
+  a run whose cell's other seeds finished (the same work, on the records' machines), its measured time over
+  their median, for the share of the run's steps this call ran (whole, or resumed for at least
+  ``PACE_MIN_SHARE``: a session that starts by finishing the runs the last one left learns from them), scales
+  the records' estimates for the runs after it (the median over such runs, ``_pace_here``; a row's other methods
+  did other work, and teach nothing). A run's own pace is not scaled (it is a machine's already), and a run
+  with no estimate in the records goes by them as they are then (this machine's runs).
   A finished run's checkpoints are deleted unless ``keep_checkpoints`` (the report needs only its
   metrics; a pipeline method's checkpoint holds the in-flight activations: 200-430 MB for ResNet-20).
   A run that cannot go on (its config.json or all its checkpoints damaged: a CheckpointError or WorkdirError)
@@ -218,8 +232,8 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
   from jaxdecouple.train import train_and_evaluate
   start, ran = time.time(), 0
   estimated, too_long = (-1, {}), []  # (ran when estimated, the estimates); runs passed over for finish_by_s
-  # this machine's pace: measured / estimated seconds of the runs this call ran whole, each against its estimate
-  # from the records this call found (``found``: a later estimate would mix in this machine's own runs)
+  # this machine's pace: measured / estimated seconds of the runs this call ran, each against its estimate from
+  # the finished runs' records this call found (``found``: a later estimate would mix in this machine's own runs)
   found, paced, before = None, [], None
   for i, run in enumerate(study.runs):
     finished, wrong = read_record(workdir, run, 'finished.json', FINISHED_NEEDS)
@@ -252,11 +266,10 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
         continue
       if estimated[0] != ran:  # a run finished (or diverged) since: one more to go by
         estimated = (ran, run_estimates(estimate_from or study, workdir))
-        found = estimated[1] if found is None else found
+        found = run_estimates(estimate_from or study, workdir, under_way=False) if found is None else found
       guess = estimated[1].get(run.name) or (0.0, None)  # nothing to go by: it starts while there is time
-      before = found.get(run.name)
-      before = before if before and before[1] != 'by_itself' else None  # an estimate a machine's pace scales
-      if paced and before:
+      before = found.get(run.name)  # the records' estimate of the whole run, which this machine's pace scales
+      if paced and before and guess[1] != 'by_itself':  # a run's own pace is not scaled
         guess = (before[0] * _pace_here(paced), before[1])
       if time.time() - start + guess[0] > finish_by_s:
         too_long.append((run.name, *guess))
@@ -296,8 +309,9 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
         break
       _write_record(where, 'finished.json', {'step': result.step, **(result.last_eval or {}),
                                              **({'whole_run_seconds': round(time.time() - began, 1)} if whole else {})})
-      if finish_by_s and whole and before and before[0] > 0:
-        paced.append((time.time() - began) / before[0])
+      share = (result.step - result.start_step) / result.total_steps if result.total_steps else 0.0
+      if finish_by_s and before and before[1] == 'by_cell' and before[0] > 0 and share >= PACE_MIN_SHARE:
+        paced.append((time.time() - began) / (before[0] * share))
       if not keep_checkpoints:
         shutil.rmtree(os.path.join(where, 'checkpoints'), ignore_errors=True)
       if result.stop_requested:  # the signal came as the run's last checkpoint was written: it is done, and
