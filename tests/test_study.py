@@ -290,16 +290,21 @@ def test_finish_by_passes_over_a_long_run_and_starts_a_shorter_one_after_it(tmp_
   assert said[-1].endswith(f'{study.runs[2].name}: being run by process {os.getppid()}, passed over'), said[-1]
 
 
+def _finished_on_a_slow_machine(runs, workdir: str, seconds: float) -> None:
+  """Records of runs finished whole on another machine, in ``seconds`` each (made up: nothing is run)."""
+  for run in runs:
+    os.makedirs(study_lib.run_dir(workdir, run))
+    with open(os.path.join(study_lib.run_dir(workdir, run), 'finished.json'), 'w') as f:
+      json.dump({'step': 8, 'test_accuracy': 0.5, 'whole_run_seconds': seconds}, f)
+
+
 def test_finish_by_scales_the_records_estimates_by_this_machines_measured_pace(tmp_path):
   """The records may come from a machine several times slower (or faster) than this one: once a run judged by
   them has run whole here, its measured time over that estimate scales the estimates of the runs after it."""
   study = study_lib.STUDIES['tiny']()  # BP seed 0, FDG seed 0, BP seed 1, FDG seed 1
   workdir, said = str(tmp_path / 'study'), []
   slow = 100000.0  # the seed 0 runs, finished on a much slower machine
-  for run in study.runs[:2]:
-    os.makedirs(study_lib.run_dir(workdir, run))
-    with open(os.path.join(study_lib.run_dir(workdir, run), 'finished.json'), 'w') as f:
-      json.dump({'step': 8, 'test_accuracy': 0.5, 'whole_run_seconds': slow}, f)
+  _finished_on_a_slow_machine(study.runs[:2], workdir, slow)
   # room for one run by the records' estimate (BP seed 1 starts at once), not for two (a tiny run takes more than
   # a second); FDG seed 1 fits once BP seed 1's measured pace has scaled its estimate
   assert study_lib.run_study(study, workdir, finish_by_s=slow + 1.0, log=said.append)['ran'] == 2
@@ -310,10 +315,7 @@ def test_finish_by_scales_the_records_estimates_by_this_machines_measured_pace(t
   assert 0 < float(said[-1].split('scaled by ')[1].split(',')[0]) < 0.01  # seconds against the records' 100000
   # a run under way goes by its own pace, this machine's already: not scaled (200000 s for its second epoch)
   again, said = str(tmp_path / 'again'), []
-  for run in study.runs[:2]:
-    os.makedirs(study_lib.run_dir(again, run))
-    with open(os.path.join(study_lib.run_dir(again, run), 'finished.json'), 'w') as f:
-      json.dump({'step': 8, 'test_accuracy': 0.5, 'whole_run_seconds': slow}, f)
+  _finished_on_a_slow_machine(study.runs[:2], again, slow)
   os.makedirs(study_lib.run_dir(again, study.runs[3]))  # FDG seed 1 under way: judged by its own pace, unscaled
   with open(os.path.join(study_lib.run_dir(again, study.runs[3]), 'metrics.jsonl'), 'w') as f:
     f.write(json.dumps({'kind': 'eval', 'step': 4, 'epoch': 1.0, 'epoch_time_s': 2 * slow, 'eval_time_s': 0.0}) + '\n')
@@ -332,10 +334,7 @@ def test_finish_by_learns_the_pace_from_the_steps_a_resumed_run_ran(tmp_path):
   study = study_lib.STUDIES['tiny']()  # BP seed 0, FDG seed 0, BP seed 1, FDG seed 1
   workdir, said = str(tmp_path / 'study'), []
   slow = 100000.0  # the seed 0 runs, finished on a much slower machine
-  for run in study.runs[:2]:
-    os.makedirs(study_lib.run_dir(workdir, run))
-    with open(os.path.join(study_lib.run_dir(workdir, run), 'finished.json'), 'w') as f:
-      json.dump({'step': 8, 'test_accuracy': 0.5, 'whole_run_seconds': slow}, f)
+  _finished_on_a_slow_machine(study.runs[:2], workdir, slow)
   for run, steps in ((study.runs[2], 4), (study.runs[3], 7)):  # left by the last session at steps 4 and 7 of 8
     partial = run.config()
     partial.max_steps = steps
