@@ -10,7 +10,7 @@ def study() -> Study:
       c.method, c.model, c.dataset = method, 'resnet8', 'cifar10'
       c.data.source, c.data.synthetic_train_size, c.data.synthetic_test_size = 'synthetic', 128, 64
       c.batch_size, c.eval_batch_size, c.num_epochs, c.optim.milestones = 32, 64, 2, (1,)
-      c.log_every_steps, c.checkpoint_every_steps, c.profile_every_steps = 2, 2, 0
+      c.log_every_steps, c.checkpoint_every_steps, c.profile_every_steps = 2, 0, 0  # a checkpoint at the end
       return c
     return b
   runs = tuple(Run('ResNet-8, K=2', column, seed, build(method))
