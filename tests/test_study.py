@@ -278,7 +278,10 @@ def test_finish_by_passes_over_a_long_run_and_starts_a_shorter_one_after_it(tmp_
   assert study_lib.run_study(study, workdir, finish_by_s=budget, log=said.append)['ran'] == 1
   assert study_lib.is_finished(workdir, study.runs[3]) and not study_lib.is_finished(workdir, study.runs[2])
   assert said[-1].startswith('1 run not started: each would end after --finish_by_min') and (
-      f'the shortest, {study.runs[2].name}, takes about 1440.0 min going by the same cell' in said[-1]), said[-1]
+      f'the shortest, {study.runs[2].name}, takes about ' in said[-1] and 'min going by the same cell' in said[-1])
+  # judged again, and named, at the pace FDG seed 1 taught (its time over FDG seed 0's, both run here)
+  pace = float(said[-1].split('scaled by ')[1].split(',')[0])
+  assert abs(float(said[-1].split('takes about ')[1].split(' min')[0]) - 1440.0 * pace) <= 0.005 * 1440.0, said[-1]
   # --runs: a part of the study runs, judged by the whole study's records (BP seed 1 alone has no record of its
   # own part to go by, and would start); while another live process holds it, it is that process's to run
   seed1_bp = dataclasses.replace(study, runs=(study.runs[2],))
@@ -325,6 +328,23 @@ def test_finish_by_scales_the_records_estimates_by_this_machines_measured_pace(t
   assert study_lib.run_study(study, again, finish_by_s=slow + 1.0, log=said.append)['ran'] == 1
   assert said[-1].startswith('1 run not started') and 'going by itself' in said[-1], said[-1]
   assert 'scaled by' in said[-1]  # the pace was measured, and left the run's own pace as it is
+
+
+def test_a_run_passed_over_by_the_records_estimate_starts_once_this_machines_pace_makes_it_fit(tmp_path):
+  """BP seed 1 is passed over by its cell's record (200000 s, from a much slower machine); FDG seed 1 fits by its
+  own (100000 s) and runs, which teaches this machine's pace; the runs passed over are then judged again by the
+  scaled estimates, and BP seed 1 starts in the same call."""
+  study = study_lib.STUDIES['tiny']()  # BP seed 0, FDG seed 0, BP seed 1, FDG seed 1
+  workdir, said = str(tmp_path / 'study'), []
+  _finished_on_a_slow_machine(study.runs[:1], workdir, 200000.0)
+  _finished_on_a_slow_machine(study.runs[1:2], workdir, 100000.0)
+  assert study_lib.run_study(study, workdir, finish_by_s=100000.0 + 1.0, log=said.append)['ran'] == 2
+  assert all(study_lib.is_finished(workdir, r) for r in study.runs)
+  again = [line for line in said if line.startswith('--finish_by_min: judging the 1 run passed over again, by this '
+                                                        "machine's pace; estimates from other runs' records scaled by")]
+  assert len(again) == 1, said
+  assert said.index(again[0]) < [i for i, line in enumerate(said) if study.runs[2].name in line][0]  # BP seed 1 after
+  assert not any('not started' in line for line in said), said
 
 
 def test_finish_by_learns_the_pace_from_the_steps_a_resumed_run_ran(tmp_path):

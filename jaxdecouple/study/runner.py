@@ -221,7 +221,10 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
   ``PACE_MIN_SHARE``: a session that starts by finishing the runs the last one left learns from them), scales
   the records' estimates for the runs after it (the median over such runs, ``_pace_here``; a row's other methods
   did other work, and teach nothing). A run's own pace is not scaled (it is a machine's already), and a run
-  with no estimate in the records goes by them as they are then (this machine's runs).
+  with no estimate in the records goes by them as they are then (this machine's runs). Once a pass over the runs
+  has learnt a pace, the runs it passed over are judged again by the scaled estimates (a run that did not fit at
+  the records' pace may fit at this machine's), pass after pass while each teaches more; so the closing line names
+  the shortest run left out at the pace the call ended with.
   A finished run's checkpoints are deleted unless ``keep_checkpoints`` (the report needs only its
   metrics; a pipeline method's checkpoint holds the in-flight activations: 200-430 MB for ResNet-20).
   A run that cannot go on (its config.json or all its checkpoints damaged: a CheckpointError or WorkdirError)
@@ -231,97 +234,114 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
   from jaxdecouple.config import set_fields
   from jaxdecouple.train import train_and_evaluate
   start, ran = time.time(), 0
-  estimated, too_long = (-1, {}), []  # (ran when estimated, the estimates); runs passed over for finish_by_s
+  estimated, too_long = (-1, {}), []  # (ran when estimated, the estimates); runs the last pass passed over
   # this machine's pace: measured / estimated seconds of the runs this call ran, each against its estimate from
   # the finished runs' records this call found (``found``: a later estimate would mix in this machine's own runs)
   found, paced, before = None, [], None
-  for i, run in enumerate(study.runs):
-    finished, wrong = read_record(workdir, run, 'finished.json', FINISHED_NEEDS)
-    if finished is not None:
-      continue
-    if wrong:  # its training ended (a finished run's checkpoints are gone): a rerun would start it afresh
-      warn_once(workdir, run, 'finished.json', f'{wrong}; passed over (remove that file to run it again)', log,
-                always=True)
-      continue
-    record, wrong = read_record(workdir, run, 'diverged.json')
-    if wrong:
-      warn_once(workdir, run, 'diverged.json', f'{wrong}; passed over (remove that file to run it again)', log,
-                always=True)
-      continue
-    if record is not None:  # deterministic: running it again diverges again
-      log(f'[{i + 1}/{len(study.runs)}] {run.name} diverged at step {record.get("step")}; passed over (remove its '
-          'diverged.json to run it again)')
-      continue
-    if (max_runs and ran >= max_runs) or (time_limit_s and time.time() - start > time_limit_s):
-      break
-    chosen = run.choose(workdir) if run.choose is not None else {}
-    if chosen is None:
-      log(f'[{i + 1}/{len(study.runs)}] {run.name}: its settings come from {run.waits_for or "other runs"}, not all '
-          'finished yet; passed over')
-      continue
-    where = run_dir(workdir, run)
-    if finish_by_s:
-      if holder := held_elsewhere(where):  # under way in another process: not this one's to judge or start
+  failed, passes = set(), 0  # runs that could not go on (damaged records, a lock held elsewhere): not tried in a later pass
+  while True:  # passes: once this machine's pace is learnt, the runs passed over by the records' estimates are
+    # judged again by the scaled ones (a run that did not fit at the records' pace may fit at this machine's)
+    too_long, learnt, stop = [], len(paced), False
+    say = log if passes == 0 else (lambda line: None)  # a run passed over for a standing reason: said once
+    passes += 1
+    for i, run in enumerate(study.runs):
+      finished, wrong = read_record(workdir, run, 'finished.json', FINISHED_NEEDS)
+      if finished is not None:
+        continue
+      if wrong:  # its training ended (a finished run's checkpoints are gone): a rerun would start it afresh
+        warn_once(workdir, run, 'finished.json', f'{wrong}; passed over (remove that file to run it again)', log,
+                  always=True)
+        continue
+      record, wrong = read_record(workdir, run, 'diverged.json')
+      if wrong:
+        warn_once(workdir, run, 'diverged.json', f'{wrong}; passed over (remove that file to run it again)', log,
+                  always=True)
+        continue
+      if record is not None:  # deterministic: running it again diverges again
+        say(f'[{i + 1}/{len(study.runs)}] {run.name} diverged at step {record.get("step")}; passed over (remove its '
+            'diverged.json to run it again)')
+        continue
+      if (max_runs and ran >= max_runs) or (time_limit_s and time.time() - start > time_limit_s):
+        stop = True
+        break
+      if run.name in failed:
+        continue
+      chosen = run.choose(workdir) if run.choose is not None else {}
+      if chosen is None:
+        say(f'[{i + 1}/{len(study.runs)}] {run.name}: its settings come from {run.waits_for or "other runs"}, not all '
+            'finished yet; passed over')
+        continue
+      where = run_dir(workdir, run)
+      if finish_by_s:
+        if holder := held_elsewhere(where):  # under way in another process: not this one's to judge or start
+          say(f'[{i + 1}/{len(study.runs)}] {run.name}: being run by process {holder["pid"]}, passed over')
+          continue
+        if estimated[0] != ran:  # a run finished (or diverged) since: one more to go by
+          estimated = (ran, run_estimates(estimate_from or study, workdir))
+          found = run_estimates(estimate_from or study, workdir, under_way=False) if found is None else found
+        guess = estimated[1].get(run.name) or (0.0, None)  # nothing to go by: it starts while there is time
+        before = found.get(run.name)  # the records' estimate of the whole run, which this machine's pace scales
+        if paced and before and guess[1] != 'by_itself':  # a run's own pace is not scaled
+          guess = (before[0] * _pace_here(paced), before[1])
+        if time.time() - start + guess[0] > finish_by_s:
+          too_long.append((run.name, *guess))
+          continue
+      os.makedirs(where, exist_ok=True)
+      holder = claim(where)
+      if holder:
         log(f'[{i + 1}/{len(study.runs)}] {run.name}: being run by process {holder["pid"]}, passed over')
         continue
-      if estimated[0] != ran:  # a run finished (or diverged) since: one more to go by
-        estimated = (ran, run_estimates(estimate_from or study, workdir))
-        found = run_estimates(estimate_from or study, workdir, under_way=False) if found is None else found
-      guess = estimated[1].get(run.name) or (0.0, None)  # nothing to go by: it starts while there is time
-      before = found.get(run.name)  # the records' estimate of the whole run, which this machine's pace scales
-      if paced and before and guess[1] != 'by_itself':  # a run's own pace is not scaled
-        guess = (before[0] * _pace_here(paced), before[1])
-      if time.time() - start + guess[0] > finish_by_s:
-        too_long.append((run.name, *guess))
-        continue
-    os.makedirs(where, exist_ok=True)
-    holder = claim(where)
-    if holder:
-      log(f'[{i + 1}/{len(study.runs)}] {run.name}: being run by process {holder["pid"]}, passed over')
-      continue
-    try:
-      if os.path.exists(os.path.join(where, 'finished.json')):  # finished by another process since the check above
-        continue
-      with open(os.path.join(where, 'machines.jsonl'), 'a', encoding='utf-8') as f:
-        f.write(json.dumps({'date': datetime.datetime.now().isoformat(timespec='seconds'), **machine()}) + '\n')
-      log(f'[{i + 1}/{len(study.runs)}] {run.name} (progress: {os.path.join(where, "log.txt")})')
-      whole, began = not os.path.isdir(os.path.join(where, 'checkpoints')), time.time()
       try:
-        with _progress_to(os.path.join(where, 'log.txt'), console):
-          result = _outcome(train_and_evaluate(set_fields(run.config(data_path), chosen), where))
-      except WorkdirInUseError:  # a process on another host, or one that took over a dead claim as we did
-        log(f'[{i + 1}/{len(study.runs)}] {run.name}: its folder is locked by another live run, passed over')
-        continue
-      except DivergenceError as e:  # recorded, and the study goes on with its next run
-        step = int(m.group(1)) if (m := re.search(r'at step (\d+)', str(e))) else None
-        _write_record(where, 'diverged.json', {'step': step, 'message': str(e)})
-        log(f'{run.name} diverged: {e}')
+        if os.path.exists(os.path.join(where, 'finished.json')):  # finished by another process since the check above
+          continue
+        with open(os.path.join(where, 'machines.jsonl'), 'a', encoding='utf-8') as f:
+          f.write(json.dumps({'date': datetime.datetime.now().isoformat(timespec='seconds'), **machine()}) + '\n')
+        log(f'[{i + 1}/{len(study.runs)}] {run.name} (progress: {os.path.join(where, "log.txt")})')
+        whole, began = not os.path.isdir(os.path.join(where, 'checkpoints')), time.time()
+        try:
+          with _progress_to(os.path.join(where, 'log.txt'), console):
+            result = _outcome(train_and_evaluate(set_fields(run.config(data_path), chosen), where))
+        except WorkdirInUseError:  # a process on another host, or one that took over a dead claim as we did
+          log(f'[{i + 1}/{len(study.runs)}] {run.name}: its folder is locked by another live run, passed over')
+          failed.add(run.name)
+          continue
+        except DivergenceError as e:  # recorded, and the study goes on with its next run
+          step = int(m.group(1)) if (m := re.search(r'at step (\d+)', str(e))) else None
+          _write_record(where, 'diverged.json', {'step': step, 'message': str(e)})
+          log(f'{run.name} diverged: {e}')
+          ran += 1
+          continue
+        except (CheckpointError, WorkdirError) as e:  # this run cannot go on (a damaged config.json, no checkpoint
+          # restores); the others can. (Errors every run would meet, such as missing data, stop the study.)
+          log(f'[{i + 1}/{len(study.runs)}] {run.name} failed: {" ".join(str(e).split())}; passed over, the study '
+              'goes on with its next run')
+          failed.add(run.name)
+          continue
         ran += 1
-        continue
-      except (CheckpointError, WorkdirError) as e:  # this run cannot go on (a damaged config.json, no checkpoint
-        # restores); the others can. (Errors every run would meet, such as missing data, stop the study.)
-        log(f'[{i + 1}/{len(study.runs)}] {run.name} failed: {" ".join(str(e).split())}; passed over, the study '
-            'goes on with its next run')
-        continue
-      ran += 1
-      if not result.finished:  # stopped by SIGTERM: leave it to the next call
-        log(f'{run.name} stopped at step {result.step}; run the same command again to continue')
-        break
-      _write_record(where, 'finished.json', {'step': result.step, **(result.last_eval or {}),
-                                             **({'whole_run_seconds': round(time.time() - began, 1)} if whole else {})})
-      share = (result.step - result.start_step) / result.total_steps if result.total_steps else 0.0
-      if finish_by_s and before and before[1] == 'by_cell' and before[0] > 0 and share >= PACE_MIN_SHARE:
-        paced.append((time.time() - began) / (before[0] * share))
-      if not keep_checkpoints:
-        shutil.rmtree(os.path.join(where, 'checkpoints'), ignore_errors=True)
-      if result.stop_requested:  # the signal came as the run's last checkpoint was written: it is done, and
-        # the machine is going away (a preemption, a command's time limit), so start nothing that would be cut
-        log(f'{run.name} finished as a stop was asked for (SIGTERM or Ctrl-C); no further run started: run the '
-            'same command again to go on')
-        break
-    finally:
-      release(where)
-      _free_memory()
+        if not result.finished:  # stopped by SIGTERM: leave it to the next call
+          log(f'{run.name} stopped at step {result.step}; run the same command again to continue')
+          stop = True
+          break
+        _write_record(where, 'finished.json', {'step': result.step, **(result.last_eval or {}),
+                                               **({'whole_run_seconds': round(time.time() - began, 1)} if whole else {})})
+        share = (result.step - result.start_step) / result.total_steps if result.total_steps else 0.0
+        if finish_by_s and before and before[1] == 'by_cell' and before[0] > 0 and share >= PACE_MIN_SHARE:
+          paced.append((time.time() - began) / (before[0] * share))
+        if not keep_checkpoints:
+          shutil.rmtree(os.path.join(where, 'checkpoints'), ignore_errors=True)
+        if result.stop_requested:  # the signal came as the run's last checkpoint was written: it is done, and
+          # the machine is going away (a preemption, a command's time limit), so start nothing that would be cut
+          log(f'{run.name} finished as a stop was asked for (SIGTERM or Ctrl-C); no further run started: run the '
+              'same command again to go on')
+          stop = True
+          break
+      finally:
+        release(where)
+        _free_memory()
+    if stop or not too_long or len(paced) == learnt:
+      break
+    log(f'--finish_by_min: judging the {len(too_long)} run{"s" if len(too_long) > 1 else ""} passed over again, by '
+        f'this machine\'s pace{_pace_words(paced)}')
   if too_long:
     name, seconds, basis = min(too_long, key=lambda t: t[1])
     shortest = (f'the shortest, {name}, takes about {seconds / 60:.1f} min going by {BASIS_WORDS[basis]}' if basis
