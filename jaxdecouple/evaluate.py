@@ -5,6 +5,7 @@ that every report reads one figure, as ``test_accuracy``)."""
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,22 @@ import numpy as np
 
 from jaxdecouple.data import Preprocess, normalize
 from jaxdecouple.detection import MapAccumulator
+
+
+@functools.partial(jax.jit, static_argnames=('predict', 'preprocess', 'detector'))
+def _sums(variables, images, labels, mask, *, predict, preprocess: Preprocess, detector):
+  """One batch's sums (loss, top-1, top-5 correct; a detector's loss and its decoded boxes), padding masked out."""
+  logits = predict(variables, normalize(images, preprocess)).astype(jnp.float32)
+  if detector is not None:  # the loss of each image, and the boxes and scores the mAP ranks
+    return jnp.sum(detector.per_image(logits, labels) * mask), detector.decode(logits)
+  losses = -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[..., None], axis=-1)[..., 0]
+  correct = jnp.argmax(logits, -1) == labels
+  if logits.shape[-1] >= 5:
+    correct5 = jnp.any(jax.lax.top_k(logits, 5)[1] == labels[..., None], axis=-1)
+  else:
+    correct5 = jnp.zeros_like(correct)
+  per_example = lambda a: a.reshape(a.shape[0], -1).mean(axis=1)  # text: the mean over an example's bytes
+  return tuple(jnp.sum(per_example(a) * mask) for a in (losses, correct, correct5))
 
 
 class Evaluator:
@@ -37,21 +54,9 @@ class Evaluator:
     self.tokens = preprocess.tokens
     self.detector = detector  # models.detection.Detector of a detection network, else None
 
-    @jax.jit
-    def sums(variables, images, labels, mask):
-      logits = predict(variables, normalize(images, preprocess)).astype(jnp.float32)
-      if detector is not None:  # the loss of each image, and the boxes and scores the mAP ranks
-        return jnp.sum(detector.per_image(logits, labels) * mask), detector.decode(logits)
-      losses = -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[..., None], axis=-1)[..., 0]
-      correct = jnp.argmax(logits, -1) == labels
-      if logits.shape[-1] >= 5:
-        correct5 = jnp.any(jax.lax.top_k(logits, 5)[1] == labels[..., None], axis=-1)
-      else:
-        correct5 = jnp.zeros_like(correct)
-      per_example = lambda a: a.reshape(a.shape[0], -1).mean(axis=1)  # text: the mean over an example's bytes
-      return tuple(jnp.sum(per_example(a) * mask) for a in (losses, correct, correct5))
-
-    self._sums = sums
+    # the program is a module-level function keyed on hashable values (``predict``: a models.core.Predict for the
+    # methods' own networks), so runs of one network and data in a process build it once
+    self._sums = functools.partial(_sums, predict=predict, preprocess=preprocess, detector=detector)
 
   def _batches(self, x, y):
     """(images, labels) of each evaluation batch, in memory or decoded from a stream."""

@@ -332,6 +332,30 @@ def test_batch_statistics_evaluation_mixes_classes_in_every_batch():
   assert Evaluator(predict, pre, 100, jax.devices()[0])({}, x, y)['test_accuracy'] == 0.5
 
 
+def test_evaluators_of_equal_networks_share_one_program_and_evaluate_alike():
+  """A method's predictor is a value (models.core.Predict): two runs of one network in a process (a study's, a
+  test suite's) evaluate with the program the first one built, and a different network or mode builds its own."""
+  import numpy as np
+  from jaxdecouple import evaluate
+  from jaxdecouple.models import build_model
+  a, b = build_model('resnet8', 10), build_model('resnet8', 10)
+  assert a.predict() == b.predict() and hash(a.predict()) == hash(b.predict()) and a.predict() != a.predict(True)
+  x = np.random.default_rng(0).integers(0, 256, (8, 32, 32, 3), np.uint8)
+  y = np.arange(8, dtype=np.int32) % 10
+  variables = jax.jit(a.init)(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+  pre = Preprocess((0.5,) * 3, (0.25,) * 3, 0, False, False)
+  before = evaluate._sums._cache_size()
+  first = evaluate.Evaluator(a.predict(), pre, 8, jax.devices()[0])(variables, x, y)
+  second = evaluate.Evaluator(b.predict(), pre, 8, jax.devices()[0])(variables, x, y)
+  assert evaluate._sums._cache_size() == before + 1 and first == second
+  # the same as the model's own forward, in evaluation mode
+  logits = np.asarray(a.apply(variables, (x / 255.0 - 0.5) / 0.25, train=False)[0], np.float64)
+  expected = np.mean(-(logits - np.log(np.exp(logits).sum(1, keepdims=True)))[np.arange(8), y])
+  assert abs(first['test_loss'] - expected) < 1e-5 and first['test_accuracy'] == np.mean(logits.argmax(1) == y)
+  evaluate.Evaluator(a.predict(True), pre, 8, jax.devices()[0])(variables, x, y)
+  assert evaluate._sums._cache_size() == before + 2  # batch statistics: another program
+
+
 @pytest.mark.parametrize('method', ['bp', 'fdg'])
 def test_divergence_stops_the_run_and_keeps_the_last_finite_checkpoint(method, workdir):
   """A learning rate of 1e6: the run stops with one error naming the step, never saves a non-finite state,

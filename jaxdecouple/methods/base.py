@@ -78,9 +78,9 @@ class Method(abc.ABC):
 
   def predict_fn(self):
     """``(variables, images) -> logits`` for evaluation, jit-able, with ``eval_variables``' output.
-    Default: the model in evaluation mode (running BatchNorm statistics)."""
-    model = self.setup.model
-    return lambda variables, x: model.apply(variables, x, train=False)[0]
+    Default: the model in evaluation mode (running BatchNorm statistics), as a hashable ``Predict``, so runs of
+    one network share the evaluator's program."""
+    return self.setup.model.predict(train=False)
 
   # True when predictions depend on the batch (BatchNorm with batch statistics at test time): the
   # evaluator then never pads a batch.

@@ -93,8 +93,7 @@ class ReplicaMethod(Method):
     return jax.tree.map(lambda x: x.addressable_data(0), {'params': params, 'batch_stats': stats})
 
   def predict_fn(self):
-    model, train = self.engine.eval_model(), self.eval_uses_batch_statistics
-    return lambda variables, x: model.apply(variables, x, train=train)[0]
+    return self.engine.eval_model().predict(train=self.eval_uses_batch_statistics)
 
   def describe(self, state: ReplicaState) -> list[str]:
     lines = describe(self.engine, state)

@@ -192,6 +192,19 @@ def _name_range(first: str, last: str) -> list[str]:
 
 
 @dataclasses.dataclass(frozen=True)
+class Predict:
+  """``(variables, x) -> outputs`` of a chain in one mode (``train``: batch statistics). A value, equal for equal
+  chains, so a jitted function that takes it as a static argument (the evaluator's) is traced once per network
+  and mode in a process, not once per run: a study's runs, or a test suite's, share that program. (A closure
+  would be a new function each run, and ``jax.jit`` keys its cache on the function.)"""
+  chain: Chain
+  train: bool = False
+
+  def __call__(self, variables, x):
+    return self.chain.apply(variables, x, self.train)[0]
+
+
+@dataclasses.dataclass(frozen=True)
 class Model:
   """A named network: its chain of blocks plus what the rest of the library needs to know."""
   name: str
@@ -219,6 +232,10 @@ class Model:
 
   def apply(self, variables, x, train: bool):
     return self.chain.apply(variables, x, train)
+
+  def predict(self, train: bool = False) -> Predict:
+    """The network's outputs, ``(variables, x) -> outputs``, as a hashable value (``Predict``)."""
+    return Predict(self.chain, train)
 
   def with_batch_norm_axis(self, axis_name: str | None) -> 'Model':
     """The same network whose BatchNorm averages its batch statistics over a mapped axis."""
