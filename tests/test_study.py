@@ -282,6 +282,7 @@ def test_finish_by_passes_over_a_long_run_and_starts_a_shorter_one_after_it(tmp_
   # judged again, and named, at the pace FDG seed 1 taught (its time over FDG seed 0's, both run here)
   pace = float(said[-1].split('scaled by ')[1].split(',')[0])
   assert abs(float(said[-1].split('takes about ')[1].split(' min')[0]) - 1440.0 * pace) <= 0.005 * 1440.0, said[-1]
+  assert not any(line.startswith('--finish_by_min: judging') for line in said), said  # it would not fit: no pass
   # --runs: a part of the study runs, judged by the whole study's records (BP seed 1 alone has no record of its
   # own part to go by, and would start); while another live process holds it, it is that process's to run
   seed1_bp = dataclasses.replace(study, runs=(study.runs[2],))
@@ -345,6 +346,16 @@ def test_a_run_passed_over_by_the_records_estimate_starts_once_this_machines_pac
   assert len(again) == 1, said
   assert said.index(again[0]) < [i for i, line in enumerate(said) if study.runs[2].name in line][0]  # BP seed 1 after
   assert not any('not started' in line for line in said), said
+  # with --max_runs=1 the call ends after FDG seed 1: BP seed 1 is named as not started, at the pace learnt
+  again, said = str(tmp_path / 'again'), []
+  _finished_on_a_slow_machine(study.runs[:1], again, 200000.0)
+  _finished_on_a_slow_machine(study.runs[1:2], again, 100000.0)
+  assert study_lib.run_study(study, again, max_runs=1, finish_by_s=100000.0 + 1.0, log=said.append)['ran'] == 1
+  assert not any(line.startswith('--finish_by_min: judging') for line in said), said
+  assert said[-1].startswith(f'1 run not started: each would end after --finish_by_min'), said[-1]
+  pace = float(said[-1].split('scaled by ')[1].split(',')[0])
+  expected = 200000.0 / 60 * pace  # minutes, printed to 0.1, the pace to 3 figures
+  assert abs(float(said[-1].split('takes about ')[1].split(' min')[0]) - expected) <= 0.05 + 0.005 * expected, said[-1]
 
 
 def test_finish_by_learns_the_pace_from_the_steps_a_resumed_run_ran(tmp_path):

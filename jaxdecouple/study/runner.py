@@ -221,10 +221,10 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
   ``PACE_MIN_SHARE``: a session that starts by finishing the runs the last one left learns from them), scales
   the records' estimates for the runs after it (the median over such runs, ``_pace_here``; a row's other methods
   did other work, and teach nothing). A run's own pace is not scaled (it is a machine's already), and a run
-  with no estimate in the records goes by them as they are then (this machine's runs). Once a pass over the runs
-  has learnt a pace, the runs it passed over are judged again by the scaled estimates (a run that did not fit at
-  the records' pace may fit at this machine's), pass after pass while each teaches more; so the closing line names
-  the shortest run left out at the pace the call ended with.
+  with no estimate in the records goes by them as they are then (this machine's runs). When a pass over the runs
+  has learnt a pace by which a run it passed over for its time would now fit, those runs (only they) are judged
+  again by the scaled estimates, pass after pass while each teaches more; the closing line names the shortest run
+  left out at the pace the call ended with.
   A finished run's checkpoints are deleted unless ``keep_checkpoints`` (the report needs only its
   metrics; a pipeline method's checkpoint holds the in-flight activations: 200-430 MB for ResNet-20).
   A run that cannot go on (its config.json or all its checkpoints damaged: a CheckpointError or WorkdirError)
@@ -234,17 +234,21 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
   from jaxdecouple.config import set_fields
   from jaxdecouple.train import train_and_evaluate
   start, ran = time.time(), 0
-  estimated, too_long = (-1, {}), []  # (ran when estimated, the estimates); runs the last pass passed over
+  # (ran when estimated, the estimates); the runs passed over for finish_by_s: name -> (seconds, basis, and
+  # whether this machine's pace scales that estimate), as last judged
+  estimated, too_long = (-1, {}), {}
   # this machine's pace: measured / estimated seconds of the runs this call ran, each against its estimate from
   # the finished runs' records this call found (``found``: a later estimate would mix in this machine's own runs)
   found, paced, before = None, [], None
-  failed, passes = set(), 0  # runs that could not go on (damaged records, a lock held elsewhere): not tried in a later pass
+  passes = 0
   while True:  # passes: once this machine's pace is learnt, the runs passed over by the records' estimates are
     # judged again by the scaled ones (a run that did not fit at the records' pace may fit at this machine's)
-    too_long, learnt, stop = [], len(paced), False
-    say = log if passes == 0 else (lambda line: None)  # a run passed over for a standing reason: said once
+    learnt, stop, again = len(paced), False, set(too_long) if passes else None
     passes += 1
     for i, run in enumerate(study.runs):
+      if again is not None and run.name not in again:  # a later pass: only the runs passed over for their time
+        continue
+      judged = too_long.pop(run.name, None)  # judged again here (or finished, or passed over for another reason)
       finished, wrong = read_record(workdir, run, 'finished.json', FINISHED_NEEDS)
       if finished is not None:
         continue
@@ -258,23 +262,23 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
                   always=True)
         continue
       if record is not None:  # deterministic: running it again diverges again
-        say(f'[{i + 1}/{len(study.runs)}] {run.name} diverged at step {record.get("step")}; passed over (remove its '
+        log(f'[{i + 1}/{len(study.runs)}] {run.name} diverged at step {record.get("step")}; passed over (remove its '
             'diverged.json to run it again)')
         continue
       if (max_runs and ran >= max_runs) or (time_limit_s and time.time() - start > time_limit_s):
+        if judged:  # not judged again after all: as the last pass judged it
+          too_long[run.name] = judged
         stop = True
         break
-      if run.name in failed:
-        continue
       chosen = run.choose(workdir) if run.choose is not None else {}
       if chosen is None:
-        say(f'[{i + 1}/{len(study.runs)}] {run.name}: its settings come from {run.waits_for or "other runs"}, not all '
+        log(f'[{i + 1}/{len(study.runs)}] {run.name}: its settings come from {run.waits_for or "other runs"}, not all '
             'finished yet; passed over')
         continue
       where = run_dir(workdir, run)
       if finish_by_s:
         if holder := held_elsewhere(where):  # under way in another process: not this one's to judge or start
-          say(f'[{i + 1}/{len(study.runs)}] {run.name}: being run by process {holder["pid"]}, passed over')
+          log(f'[{i + 1}/{len(study.runs)}] {run.name}: being run by process {holder["pid"]}, passed over')
           continue
         if estimated[0] != ran:  # a run finished (or diverged) since: one more to go by
           estimated = (ran, run_estimates(estimate_from or study, workdir))
@@ -284,7 +288,7 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
         if paced and before and guess[1] != 'by_itself':  # a run's own pace is not scaled
           guess = (before[0] * _pace_here(paced), before[1])
         if time.time() - start + guess[0] > finish_by_s:
-          too_long.append((run.name, *guess))
+          too_long[run.name] = (*guess, bool(before and before[0] > 0 and guess[1] != 'by_itself'))
           continue
       os.makedirs(where, exist_ok=True)
       holder = claim(where)
@@ -303,7 +307,6 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
             result = _outcome(train_and_evaluate(set_fields(run.config(data_path), chosen), where))
         except WorkdirInUseError:  # a process on another host, or one that took over a dead claim as we did
           log(f'[{i + 1}/{len(study.runs)}] {run.name}: its folder is locked by another live run, passed over')
-          failed.add(run.name)
           continue
         except DivergenceError as e:  # recorded, and the study goes on with its next run
           step = int(m.group(1)) if (m := re.search(r'at step (\d+)', str(e))) else None
@@ -315,7 +318,6 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
           # restores); the others can. (Errors every run would meet, such as missing data, stop the study.)
           log(f'[{i + 1}/{len(study.runs)}] {run.name} failed: {" ".join(str(e).split())}; passed over, the study '
               'goes on with its next run')
-          failed.add(run.name)
           continue
         ran += 1
         if not result.finished:  # stopped by SIGTERM: leave it to the next call
@@ -338,12 +340,18 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
       finally:
         release(where)
         _free_memory()
-    if stop or not too_long or len(paced) == learnt:
+    if stop or len(paced) == learnt or (max_runs and ran >= max_runs) or (
+        time_limit_s and time.time() - start > time_limit_s) or not any(
+        scaled and time.time() - start + found[name][0] * _pace_here(paced) <= finish_by_s
+        for name, (_, _, scaled) in too_long.items()):  # nothing passed over would fit at the pace learnt since
       break
     log(f'--finish_by_min: judging the {len(too_long)} run{"s" if len(too_long) > 1 else ""} passed over again, by '
         f'this machine\'s pace{_pace_words(paced)}')
   if too_long:
-    name, seconds, basis = min(too_long, key=lambda t: t[1])
+    # named at the pace the call ended with (a run judged before it was learnt, by the records as they are)
+    at_pace = {name: (found[name][0] * _pace_here(paced) if scaled and paced else seconds, basis)
+               for name, (seconds, basis, scaled) in too_long.items()}
+    name, (seconds, basis) = min(at_pace.items(), key=lambda t: t[1][0])
     shortest = (f'the shortest, {name}, takes about {seconds / 60:.1f} min going by {BASIS_WORDS[basis]}' if basis
                 else f'{name} has nothing to go by')
     log(f'{len(too_long)} run{"s" if len(too_long) > 1 else ""} not started: each would end after --finish_by_min '
