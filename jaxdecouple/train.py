@@ -162,6 +162,9 @@ class Loop:
       self.writer.close()
       return RunResult(method, state, start, None, self.workdir, self.total_steps, start_step=start)
     try:
+      if start >= self.total_steps:  # resumed at its end: stopped after its last checkpoint, before its caller kept
+        # the figures (a study's finished.json); those of the state it restored, the line already in its metrics
+        last_eval = self.evaluate(state, start, again=True)
       for step in range(start, self.total_steps):
         batch = next_batch(step)
         if step > start and itstime(step, c.pipeline.diagnose_every_steps):
@@ -265,16 +268,16 @@ class Loop:
                  step / self.spe, means.get('train_loss', float('nan')), means.get('learning_rate', float('nan')),
                  rate, unit, format_duration(eta))
 
-  def evaluate(self, state, step: int) -> dict:
-    """Test figures of the whole network; the epoch's clock is read before and starts again after."""
+  def evaluate(self, state, step: int, again: bool = False) -> dict:
+    """Test figures of the whole network; the epoch's clock is read before and starts again after. ``again``: a
+    state evaluated and logged before (a run resumed at its end): its figures, neither logged nor timed again."""
+    if again:
+      return {'kind': 'eval', 'step': int(step), **self._test_figures(state)}
     self.log(step)
     epoch_time, epoch_steps = self.clock.epoch()
     with self.clock.paused():
       t = time.perf_counter()
-      variables = self.method.eval_variables(state)
-      result = self.evaluator(variables, self.dataset.x_test, self.dataset.y_test)
-      for prefix, images in self.dataset.extra_tests.items():  # e.g. the ImageNet-V2 test sets
-        result.update(self.evaluator(variables, images, None, prefix))
+      result = self._test_figures(state)
       record = self.writer.write(
           'eval', step, epoch=round(step / self.spe, 4), **result, epoch_time_s=round(epoch_time, 3),
           eval_time_s=round(time.perf_counter() - t, 3),
@@ -284,6 +287,13 @@ class Loop:
     self.clock.next_epoch()
     mark_progress()
     return record
+
+  def _test_figures(self, state) -> dict:
+    variables = self.method.eval_variables(state)
+    result = self.evaluator(variables, self.dataset.x_test, self.dataset.y_test)
+    for prefix, images in self.dataset.extra_tests.items():  # e.g. the ImageNet-V2 test sets
+      result.update(self.evaluator(variables, images, None, prefix))
+    return result
 
   def save(self, state, done: int) -> None:
     """A checkpoint (never of a non-finite state); mid-epoch, with the epoch's clock so far."""

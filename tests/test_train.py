@@ -80,6 +80,13 @@ def test_bp_learns_and_writes_metrics(workdir):
     assert {'step', 'train_loss', 'learning_rate', 'images_per_sec', 'epoch'} <= set(r)
   assert train[-1]['learning_rate'] == pytest.approx(0.01)
   assert evals[-1]['test_accuracy'] > 0.3  # synthetic classes are easy: it learned something
+  # called again on the finished run (stopped after its last checkpoint, before a study kept its figures): the
+  # figures of the state it restores, the run's own last ones, and no line written again
+  again = train_and_evaluate(tiny_config(), workdir)
+  assert again.step == 16 and again.last_eval['step'] == 16
+  assert {k: again.last_eval[k] for k in ('test_accuracy', 'test_loss')} == pytest.approx(
+      {k: evals[-1][k] for k in ('test_accuracy', 'test_loss')}, rel=1e-5)
+  assert [r for r in read_metrics(workdir) if r['kind'] == 'eval'] == evals
 
 
 def test_same_config_same_run(workdir, tmp_path):
