@@ -379,7 +379,8 @@ SLOW_FIRST = ('test_pipeline_processes.py', 'test_multiprocess.py', 'test_peer_l
 
 def pytest_configure(config):
   config.addinivalue_line('markers', 'slow: a test of the slow groups (processes, ResIST and outer-optimizer oracles, '
-                          'benchmark scripts, transformers, the notebook); deselect with -m "not slow"')
+                          'benchmark scripts, transformers, the notebook, scanned blocks, the compilation cache\'s reload); '
+                          'deselect with -m "not slow"')
 
 
 def pytest_collection_modifyitems(items):
