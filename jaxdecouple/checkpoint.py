@@ -33,7 +33,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from jaxdecouple.checkpoint_files import ProcessFiles
-from jaxdecouple.errors import CheckpointError
+from jaxdecouple.errors import CheckpointError, CheckpointWriteError
 from jaxdecouple.processes import leave_together, note_saved
 
 
@@ -134,7 +134,7 @@ class Checkpointer:
     except OSError:
       free = None
     if free is not None and free < need * 1.1 + 16 * 2**20:
-      raise CheckpointError(
+      raise CheckpointWriteError(
           f'not enough disk space for the checkpoint at step {step} in {self.directory}: {free / 2**20:.0f} MiB free, '
           f'about {need / 2**20:.0f} MiB needed; free some space and run again with the same --workdir to resume '
           f'from step {max(self.all_steps(), default=0)}')
@@ -184,7 +184,7 @@ class Checkpointer:
       cause = _os_reason(e) or f'{type(e).__name__}: ' + (  # tensorstore's text: the OS's reason comes last
           text if len(text) <= 160 else '...' + text[-160:])
       where = f'at step {step} ' if step is not None else ''
-      raise CheckpointError(
+      raise CheckpointWriteError(
           f'writing the checkpoint {where}in {self.directory} failed ({cause}); check that the '
           'disk has space and the folder is writable, then run again with the same --workdir to resume from the '
           f'last checkpoint written') from e

@@ -72,8 +72,8 @@ def epoch_clock_at(workdir: str, step: int) -> tuple[float, int]:
   version, a process that writes no metrics)."""
   clock = (0.0, 0)
   try:
-    with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
-      lines = f.readlines()
+    with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8', errors='replace') as f:
+      lines = f.readlines()  # (bytes a crash left that are not UTF-8 spoil their line only)
   except OSError:  # none here (a process other than the first, on another host)
     return clock
   for line in lines:

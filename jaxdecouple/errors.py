@@ -17,6 +17,11 @@ class CheckpointError(JaxDecoupleError):
   """No checkpoint in the work directory can be restored for this config."""
 
 
+class CheckpointWriteError(CheckpointError):
+  """A checkpoint could not be written (the disk full, the folder not writable): unlike a damaged checkpoint,
+  something every later run would meet too, so a study stops on it."""
+
+
 class DivergenceError(JaxDecoupleError):
   """The loss or the parameters stopped being finite: the run stops, its last finite checkpoint kept."""
 

@@ -24,7 +24,7 @@ from jaxdecouple.compilation_cache import counts as compilation_counts, use_comp
 from jaxdecouple.data import TEXT_DATASETS, TrainOrder, load_dataset, preprocess_for
 from jaxdecouple.data.holdout import hold_out
 from jaxdecouple.data.stream import BlankImages, Prefetcher
-from jaxdecouple.errors import ConfigError, DivergenceError, fail
+from jaxdecouple.errors import CheckpointError, ConfigError, DivergenceError, fail
 from jaxdecouple.evaluate import Evaluator
 from jaxdecouple.liveness import mark_progress, watch
 from jaxdecouple.memory import peak_memory
@@ -223,6 +223,12 @@ class Loop:
     sample = BlankImages(ds.x_train) if ds.streamed else ds.x_train
     state = method.init(jax.random.key(c.seed), method.train_batch(sample, ds.y_train, self.order, 0))
     restored = self.checkpointer.restore_latest(lambda step: method.state_at(state, step))
+    if restored is not None and restored[0] > self.total_steps:  # trained past this config's end: its figures
+      # would be neither this config's nor the run's (num_epochs and max_steps may change on a resume)
+      raise CheckpointError(
+          f'the checkpoint in {self.workdir} is at step {restored[0]}, past this run\'s last step {self.total_steps} '
+          '(num_epochs or max_steps lowered since it was written): set them back to resume it, or use another '
+          '--workdir')
     # only now: a refused resume leaves the workdir as it was. Process 0 always; another process where its
     # workdir has none (a host with a workdir of its own: config.json is what a resume there checks)
     if jax.process_index() == 0 or not os.path.exists(os.path.join(self.workdir, 'config.json')):

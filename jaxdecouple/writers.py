@@ -78,6 +78,12 @@ def _clean(value: Any) -> Any:
   return value
 
 
+def _ends_a_line(path: str) -> bool:
+  with open(path, 'rb') as f:
+    f.seek(-1, os.SEEK_END)
+    return f.read(1) == b'\n'
+
+
 class MetricWriter:
   """Appends one JSON object per line; also scalars to TensorBoard when available."""
 
@@ -87,6 +93,8 @@ class MetricWriter:
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, 'metrics.jsonl')
     self._file = open(self.path, 'a', encoding='utf-8') if enabled else None
+    if self._file is not None and self._file.tell() and not _ends_a_line(self.path):
+      self._file.write('\n')  # a line cut by a killed process ends here, not glued to this run's first record
     self._tb = _tensorboard_writer(os.path.join(workdir, 'tensorboard')) if tensorboard and enabled else None
     if tensorboard and enabled and self._tb is None:
       logging.info('metrics go to %s (TensorBoard files too once tensorboardX or tensorflow is installed: '

@@ -199,3 +199,75 @@ def test_run_mode_stops_on_an_error_every_run_would_meet(tmp_path):
   with pytest.raises(DataError, match='no-such.npz'):
     study_lib.run_study(study, str(tmp_path / 'study'), log=said.append)
   assert not [line for line in said if 'passed over' in line], said
+
+
+def _fake_training(monkeypatch, outcome):
+  """``train_and_evaluate`` replaced by ``outcome(config, workdir)``: what the runner does with a run's result,
+  without training."""
+  from jaxdecouple import train
+  monkeypatch.setattr(train, 'train_and_evaluate', outcome)
+
+
+def test_a_run_resumed_at_its_end_and_stopped_before_its_figures_is_left_as_stopped(tmp_path, monkeypatch):
+  """A run killed after its last checkpoint, then stopped as it started up again: its result says finished but
+  has no figures. The runner must not record it (a finished.json without test_accuracy, read as damaged ever
+  after) nor delete its checkpoints: the next call evaluates it."""
+  from types import SimpleNamespace
+  study = study_lib.STUDIES['tiny']()
+  workdir, said = str(tmp_path / 'study'), []
+  checkpoints = os.path.join(study_lib.run_dir(workdir, study.runs[0]), 'checkpoints', '8')
+  os.makedirs(checkpoints)
+  _fake_training(monkeypatch, lambda config, where: SimpleNamespace(
+      finished=True, step=8, last_eval=None, stop_requested=True, start_step=8, total_steps=8))
+  assert study_lib.run_study(study, workdir, log=said.append, console=False)['ran'] == 1
+  assert not os.path.exists(os.path.join(study_lib.run_dir(workdir, study.runs[0]), 'finished.json'))
+  assert os.path.isdir(checkpoints) and said[-1].startswith(f'{study.runs[0].name} stopped at step 8'), said
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_the_study(tmp_path, monkeypatch):
+  """The disk full (or the folder not writable) is met by every run after this one: the study stops with that
+  line instead of training each remaining run up to its first checkpoint. A damaged checkpoint of one run
+  (CheckpointError) still only passes that run over."""
+  import pytest
+  from jaxdecouple.errors import CheckpointError, CheckpointWriteError
+  study = study_lib.STUDIES['tiny']()
+  met = []
+
+  def full(config, where):
+    met.append(where)
+    raise CheckpointWriteError('not enough disk space for the checkpoint at step 4 in X: 3 MiB free, about 9 MiB needed')
+  _fake_training(monkeypatch, full)
+  with pytest.raises(CheckpointWriteError, match='not enough disk space'):
+    study_lib.run_study(study, str(tmp_path / 'full'), log=lambda _: None, console=False)
+  assert len(met) == 1
+
+  def damaged(config, where):
+    met.append(where)
+    raise CheckpointError('no checkpoint restores')
+  met.clear()
+  _fake_training(monkeypatch, damaged)
+  assert study_lib.run_study(study, str(tmp_path / 'damaged'), log=lambda _: None, console=False)['ran'] == 0
+  assert len(met) == 4  # each run passed over in turn
+
+
+def test_a_claim_from_another_boot_of_this_host_is_taken_over(tmp_path, monkeypatch):
+  """Cloud machines share host names and a replaced machine may keep the disk: a claim left by an earlier boot
+  names a pid that may now be any live process; it is a dead claim all the same (the boot: Linux's boot_id)."""
+  import socket
+  import subprocess
+  import sys
+  from jaxdecouple.study import runner
+  monkeypatch.setattr(runner, '_boot', lambda: 'this boot')
+  where = str(tmp_path / 'run')
+  os.makedirs(where)
+  other = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])
+  try:
+    for boot, held in (('this boot', True), ('an earlier boot', False)):
+      claim = {'host': socket.gethostname(), 'pid': other.pid, 'boot': boot}
+      with open(os.path.join(where, 'running.json'), 'w') as f:
+        json.dump(claim, f)
+      assert (runner.held_elsewhere(where) == claim) is held
+      assert (study_lib.claim(where) == claim) is held
+  finally:
+    other.kill()
+    other.wait()

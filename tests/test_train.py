@@ -1,4 +1,5 @@
 """The training loop: BP against a sequential reference, outputs, exact resume, damaged checkpoints."""
+import json
 import os
 import re
 import signal
@@ -87,6 +88,11 @@ def test_bp_learns_and_writes_metrics(workdir):
   assert {k: again.last_eval[k] for k in ('test_accuracy', 'test_loss')} == pytest.approx(
       {k: evals[-1][k] for k in ('test_accuracy', 'test_loss')}, rel=1e-5)
   assert [r for r in read_metrics(workdir) if r['kind'] == 'eval'] == evals
+  # its end lowered below the checkpoint: refused before anything is written (a run trained on the old schedule
+  # past the new end would be recorded as this config's)
+  with pytest.raises(CheckpointError, match="at step 16, past this run's last step 8 .num_epochs or max_steps"):
+    train_and_evaluate(tiny_config(max_steps=8), workdir)
+  assert json.load(open(os.path.join(workdir, 'config.json')))['max_steps'] == 0
 
 
 def test_same_config_same_run(workdir, tmp_path):

@@ -25,14 +25,25 @@ def _alive(pid) -> bool:
   return True
 
 
+def _boot() -> str:
+  """This boot of this machine (Linux), '' elsewhere: cloud machines share host names ('vm'), and a claim left by
+  a machine stopped with its disk kept must not be taken for a live process whose pid happens to match."""
+  try:
+    with open('/proc/sys/kernel/random/boot_id', encoding='ascii') as f:
+      return f.read().strip()
+  except OSError:
+    return ''
+
+
 def _this_process() -> dict:
-  return {'host': socket.gethostname(), 'pid': os.getpid()}
+  return {'host': socket.gethostname(), 'pid': os.getpid(), **({'boot': b} if (b := _boot()) else {})}
 
 
 def _live_other(other, me: dict) -> bool:
   """Whether a claim read from a run's folder is another process's, on this host, still alive: the one kind
   of claim a process must leave alone (a claim from another host is a stopped machine's)."""
-  return isinstance(other, dict) and other != me and other.get('host') == me['host'] and _alive(other.get('pid'))
+  return (isinstance(other, dict) and other != me and other.get('host') == me['host']
+          and other.get('boot', me.get('boot')) == me.get('boot') and _alive(other.get('pid')))
 
 
 def claim(where: str) -> dict | None:
@@ -172,7 +183,15 @@ def _write_record(where: str, name: str, record: dict) -> None:
   path = os.path.join(where, name)
   with open(f'{path}.{os.getpid()}.tmp', 'w', encoding='utf-8') as f:
     json.dump(record, f)
-  os.replace(f'{path}.{os.getpid()}.tmp', path)
+    f.flush()
+    os.fsync(f.fileno())  # on the disk before the run's checkpoints are deleted: a machine's hard stop just after
+  os.replace(f'{path}.{os.getpid()}.tmp', path)  # must not leave an empty record and no checkpoint
+  with contextlib.suppress(OSError):  # the folder's entry too (where a folder can be opened: not Windows)
+    folder = os.open(where, os.O_RDONLY)
+    try:
+      os.fsync(folder)
+    finally:
+      os.close(folder)
 
 
 class _Outcome(NamedTuple):
@@ -188,8 +207,10 @@ class _Outcome(NamedTuple):
 
 
 def _outcome(result) -> _Outcome:
-  return _Outcome(result.finished, result.step, result.last_eval, result.stop_requested, result.start_step,
-                  result.total_steps)
+  # finished with its figures: a run resumed at its end and stopped as it started up has not evaluated yet, so it
+  # is left as stopped (its checkpoints kept, the next call evaluates it), never recorded without them
+  done = result.finished and all(k in (result.last_eval or {}) for k in FINISHED_NEEDS)
+  return _Outcome(done, result.step, result.last_eval, result.stop_requested, result.start_step, result.total_steps)
 
 
 def _free_memory() -> None:
@@ -230,7 +251,8 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
   A run that cannot go on (its config.json or all its checkpoints damaged: a CheckpointError or WorkdirError)
   or whose finished.json or diverged.json is damaged is passed over with one line naming it; the study goes
   on. Any other error (data not found, a bad config, a full disk) stops the study: every run would meet it."""
-  from jaxdecouple.errors import CheckpointError, DivergenceError, WorkdirError, WorkdirInUseError
+  from jaxdecouple.errors import (CheckpointError, CheckpointWriteError, DivergenceError, WorkdirError,
+                                  WorkdirInUseError)
   from jaxdecouple.config import set_fields
   from jaxdecouple.train import train_and_evaluate
   start, ran = time.time(), 0
@@ -314,6 +336,8 @@ def run_study(study: Study, workdir: str, data_path: str = '', max_runs: int = 0
           log(f'{run.name} diverged: {e}')
           ran += 1
           continue
+        except CheckpointWriteError:  # the disk full or not writable: every run after it would meet it too
+          raise
         except (CheckpointError, WorkdirError) as e:  # this run cannot go on (a damaged config.json, no checkpoint
           # restores); the others can. (Errors every run would meet, such as missing data, stop the study.)
           log(f'[{i + 1}/{len(study.runs)}] {run.name} failed: {" ".join(str(e).split())}; passed over, the study '
