@@ -35,7 +35,7 @@ from jaxdecouple.process_start import start_processes, stop_before_work
 from jaxdecouple.agreement import agree_on_config, agree_on_data
 from jaxdecouple.processes import StopSignal, agree_on_failure, begin_run, peers_watched
 from jaxdecouple.workdir import open_workdir, write_config
-from jaxdecouple.writers import MetricWriter, format_duration
+from jaxdecouple.writers import MetricWriter, format_duration, set_aside_earlier_metrics
 
 
 @dataclasses.dataclass
@@ -245,6 +245,9 @@ class Loop:
     logging.info('%s', describe_optimizer(c.optim))
     for line in method.describe(state):
       logging.info('%s', line)
+    if restored is None and jax.process_index() == 0 and (aside := set_aside_earlier_metrics(self.workdir)):
+      logging.info('no checkpoint to resume from: starting at step 0; the metrics of the earlier start moved to %s',
+                   aside)
     self.writer = MetricWriter(self.workdir, enabled=jax.process_index() == 0)
     self.evaluator = Evaluator(method.predict_fn(), self.setup.preprocess, min(c.eval_batch_size, len(ds.x_test)),
                                jax.local_devices()[0], exact_batches=method.eval_uses_batch_statistics,

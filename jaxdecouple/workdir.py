@@ -49,19 +49,25 @@ def flat(tree: dict, prefix: str = '') -> dict:
   return out
 
 
-def has_checkpoints(workdir: str) -> bool:
-  """Whether WORKDIR/checkpoints holds a step (orbax's STEP folders or per-process STEP.npz files)."""
+def checkpoint_steps(workdir: str) -> set[int]:
+  """The steps WORKDIR/checkpoints holds (orbax's STEP folders or per-process STEP.npz files), by their names:
+  what a resume could start from, not checked (a damaged one is found on restoring)."""
   root = os.path.join(workdir, 'checkpoints')
   if not os.path.isdir(root):
-    return False
+    return set()
+  steps = set()
   for name in os.listdir(root):
     if name.isdigit():
-      return True
+      steps.add(int(name))
     sub = os.path.join(root, name)
-    if name.startswith('process_') and os.path.isdir(sub) and any(
-        f.endswith('.npz') and f[:-4].isdigit() for f in os.listdir(sub)):
-      return True
-  return False
+    if name.startswith('process_') and os.path.isdir(sub):
+      steps.update(int(f[:-4]) for f in os.listdir(sub) if f.endswith('.npz') and f[:-4].isdigit())
+  return steps
+
+
+def has_checkpoints(workdir: str) -> bool:
+  """Whether WORKDIR/checkpoints holds a step."""
+  return bool(checkpoint_steps(workdir))
 
 
 def config_differences(saved: dict, config) -> list[str]:

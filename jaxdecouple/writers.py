@@ -78,6 +78,21 @@ def _clean(value: Any) -> Any:
   return value
 
 
+def set_aside_earlier_metrics(workdir: str) -> str | None:
+  """Moves WORKDIR/metrics.jsonl of an earlier start to metrics.before-restart-N.jsonl (the first free N) and
+  returns that path, for a run that starts again from step 0 (no checkpoint to resume from: it died before its
+  first one, or they went with a machine): its lines would otherwise stay among the new run's, the ones past
+  the new run's progress, or at steps it no longer evaluates (the config changed), never superseded."""
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if not os.path.exists(path) or not os.path.getsize(path):
+    return None
+  n = 1
+  while os.path.exists(aside := os.path.join(workdir, f'metrics.before-restart-{n}.jsonl')):
+    n += 1
+  os.replace(path, aside)
+  return aside
+
+
 def _ends_a_line(path: str) -> bool:
   with open(path, 'rb') as f:
     f.seek(-1, os.SEEK_END)

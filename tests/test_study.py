@@ -524,6 +524,12 @@ def test_time_left_goes_by_the_same_cell_then_row_then_column_then_study(tmp_pat
     f.writelines(json.dumps({'kind': 'eval', 'step': 2 * e, 'epoch': float(e), 'epoch_time_s': t, 'eval_time_s': 5.0})
                  + '\n' for e, t in ((1, 35.0), (2, 40.0), (2, 60.0)))
   from jaxdecouple.study.left import own_pace
+  # it resumes from its newest checkpoint (step 4, epoch 2); with none, or one of epoch 1, the epochs it evaluated
+  # after it are redone (a killed run, or one whose checkpoints went with a machine)
+  assert own_pace(workdir, runs[6]) == (pytest.approx(52.5), 0.0, 4.0)
+  os.makedirs(os.path.join(under_way, 'checkpoints', '2'))
+  assert own_pace(workdir, runs[6]) == (pytest.approx(52.5), 1.0, 4.0)
+  os.makedirs(os.path.join(under_way, 'checkpoints', '4'))
   assert own_pace(workdir, runs[6]) == (pytest.approx(52.5), 2.0, 4.0)
   assert time_left(study, workdir) == dict(
       left, runs=8, seconds=left['seconds'] - 90 - 3 * 200 + 2 * 52.5 + 2 * 4 * 52.5 - 2 * 90 + 2 * 4 * 52.5,

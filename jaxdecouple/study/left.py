@@ -16,6 +16,7 @@ import statistics
 
 from jaxdecouple.study.core import Study, finished_record, is_finished, read_record, run_dir
 from jaxdecouple.writers import read_metrics
+from jaxdecouple.workdir import checkpoint_steps
 
 
 def run_seconds(workdir: str, run) -> float | None:
@@ -35,9 +36,12 @@ def run_seconds(workdir: str, run) -> float | None:
 
 
 def own_pace(workdir: str, run) -> tuple[float, float, float] | None:
-  """A run's pace so far: (the median of its epochs' training and evaluation seconds, the last epoch it
-  evaluated, the epochs its config.json plans), from metrics.jsonl; None for a run with no evaluation yet, no
-  readable config.json, or a step limit (``max_steps``) rather than epochs."""
+  """A run's pace so far: (the median of its epochs' training and evaluation seconds, the epoch it will resume
+  from, the epochs its config.json plans), from metrics.jsonl and its checkpoints; None for a run with no
+  evaluation yet, no readable config.json, or a step limit (``max_steps``) rather than epochs. The epoch it
+  resumes from is its newest checkpoint's, not its last evaluation's: a killed run redoes the epochs it evaluated
+  after its last checkpoint, and a run whose checkpoints went with a machine (its records committed) starts
+  again from 0."""
   folder = run_dir(workdir, run)
   try:
     with open(os.path.join(folder, 'config.json'), encoding='utf-8') as f:
@@ -50,10 +54,11 @@ def own_pace(workdir: str, run) -> tuple[float, float, float] | None:
   evals = {r['step']: r for r in read_metrics(folder) if r['kind'] == 'eval'}
   epochs = [r['epoch_time_s'] + (r.get('eval_time_s') or 0.0) for r in evals.values()
             if isinstance(r.get('epoch_time_s'), (int, float))]
-  done = [r['epoch'] for r in evals.values() if isinstance(r.get('epoch'), (int, float))]
-  if not epochs or not done:
+  per_epoch = [r['step'] / r['epoch'] for r in evals.values() if isinstance(r.get('epoch'), (int, float)) and r['epoch']]
+  if not epochs or not per_epoch:
     return None
-  return statistics.median(epochs), max(done), float(total)
+  steps = checkpoint_steps(folder)
+  return statistics.median(epochs), max(steps) / per_epoch[0] if steps else 0.0, float(total)
 
 
 
