@@ -48,6 +48,12 @@ def pack(host: list[np.ndarray]) -> tuple[dict[str, np.ndarray], list]:
   return {name: np.concatenate(parts) for name, parts in groups.items()}, [[list(x.shape), x.dtype.name] for x in host]
 
 
+def _out_of_memory(e: BaseException) -> bool:
+  """Whether a failed restore ran out of host or device memory (MemoryError, XLA's RESOURCE_EXHAUSTED) rather
+  than met damaged files."""
+  return isinstance(e, MemoryError) or 'RESOURCE_EXHAUSTED' in str(e) or 'out of memory' in str(e).lower()
+
+
 def unpack(packed: dict[str, np.ndarray], layout: list) -> list[np.ndarray]:
   """``pack``'s inverse: the leaves, in order. Raises ValueError where the arrays do not hold the layout."""
   offsets, out = dict.fromkeys(packed, 0), []
@@ -300,6 +306,11 @@ class Checkpointer:
           restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
           self._verify(step, restored['leaves'])
       except Exception as e:  # damaged files: missing, truncated, unreadable metadata, corrupted content
+        if _out_of_memory(e):  # the machine's trouble, not the files': the checkpoint stays where it is
+          raise CheckpointError(
+              f'restoring the checkpoint at step {step} in {self.directory} ran out of memory ({type(e).__name__}: '
+              f'{str(e).splitlines()[0][:120] if str(e) else "no message"}); it is kept: free memory or use a machine '
+              'with more, then run again with the same --workdir') from e
         logging.warning('checkpoint at step %d is damaged or incomplete (%s: %s); trying an earlier one', step,
                         type(e).__name__, str(e).splitlines()[0][:160])
         self._all_restored(step, False)

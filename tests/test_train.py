@@ -68,7 +68,7 @@ def test_bp_matches_the_sequential_reference(workdir):
     assert_trees_close(result.variables, reference_bp(tiny_config(**{'optim.learning_rate': 0.006}), 16), tol=5e-4)
 
 
-def test_bp_learns_and_writes_metrics(workdir):
+def test_bp_learns_and_writes_metrics(workdir, monkeypatch):
   # an earlier start that left no checkpoint (killed before its first), evaluated at a step this run never does:
   # its lines are set aside, not mixed into this run's
   os.makedirs(workdir, exist_ok=True)
@@ -100,6 +100,15 @@ def test_bp_learns_and_writes_metrics(workdir):
   with pytest.raises(CheckpointError, match="at step 16, past this run's last step 8 .num_epochs or max_steps"):
     train_and_evaluate(tiny_config(max_steps=8), workdir)
   assert json.load(open(os.path.join(workdir, 'config.json')))['max_steps'] == 0
+  # a restore that runs out of memory is the machine's trouble: one line, and the checkpoint is not moved aside
+  from jaxdecouple import checkpoint
+
+  def no_memory(*args):
+    raise MemoryError()
+  monkeypatch.setattr(checkpoint, 'unpack', no_memory)
+  with pytest.raises(CheckpointError, match='at step 16 .* ran out of memory .MemoryError: no message.; it is kept'):
+    train_and_evaluate(tiny_config(), workdir)
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['16', 'checksums']
 
 
 def test_same_config_same_run(workdir, tmp_path):
