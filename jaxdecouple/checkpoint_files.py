@@ -10,7 +10,9 @@ import numpy as np
 class ProcessFiles:
   """One process's own checkpoints in a multi-process pipeline: a step's arrays in ``STEP.npz``, written
   to a temporary name and renamed when complete (a crash leaves no half file under a step's name), the
-  newest ``keep`` kept. Saves are synchronous."""
+  newest ``keep`` kept, and never fewer than 2: each process writes its own files, so a process killed after
+  another had written a step and deleted the one before, but before it wrote that step itself, must still
+  share the step before with the others (with one kept, no step would restore). Saves are synchronous."""
 
   def __init__(self, directory: str, keep: int):
     self.directory, self.keep = directory, keep
@@ -29,7 +31,7 @@ class ProcessFiles:
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, self._path(step))
-    for old in self.all_steps()[:-self.keep] if self.keep else []:
+    for old in self.all_steps()[:-max(self.keep, 2)] if self.keep else []:
       os.remove(self._path(old))
 
   def restore(self, step: int) -> list:

@@ -67,3 +67,16 @@ def test_a_step_of_one_array_per_leaf_written_earlier_still_resumes(tmp_path):
   assert step == 3
   for a, b in zip(back, state):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_each_process_keeps_two_steps_however_few_are_asked_for(tmp_path):
+  """A multi-process pipeline's processes write their own files one after another: with the step before deleted
+  as soon as this process wrote the next, a process killed before writing it would leave the processes no step in
+  common. So two are kept even with keep_checkpoints=1 (and every step with 0, as orbax keeps them)."""
+  from jaxdecouple.checkpoint_files import ProcessFiles
+  for keep, left in ((1, [3, 4]), (2, [3, 4]), (3, [2, 3, 4]), (0, [1, 2, 3, 4])):
+    files = ProcessFiles(str(tmp_path / f'keep{keep}'), keep)
+    for step in (1, 2, 3, 4):
+      files.save(step, [np.full(2, step, np.float32)])
+    assert files.all_steps() == left
+    np.testing.assert_array_equal(files.restore(3)[0], [3, 3])
