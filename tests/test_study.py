@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import os
+import shutil
 import queue
 import signal
 import socket
@@ -507,6 +508,12 @@ def test_time_left_goes_by_the_same_cell_then_row_then_column_then_study(tmp_pat
   finish('B', 'M', 2, {}, [{'kind': 'eval', 'step': 8}])  # finished, no times to go by: not left, no estimate
   assert run_seconds(workdir, runs[-1]) is None
   assert time_left(study, workdir) == dict(left, runs=8, seconds=left['seconds'] - 90, by_column=5)
+  # finished, its metrics.jsonl left without an evaluation: unfinished in the report, but the runner never runs it
+  # again (its finished.json is there), so not left either
+  finish('B', 'M', 1, {}, [{'kind': 'train', 'step': 8}])
+  assert not study_lib.is_finished(workdir, runs[-2])
+  assert time_left(study, workdir) == dict(left, runs=7, seconds=left['seconds'] - 2 * 90, by_column=4)
+  shutil.rmtree(study_lib.run_dir(workdir, runs[-2]))
   from jaxdecouple.study.left import left_line
   assert left_line(study, workdir) == (
       f'study t: 8 of 12 runs left, about {(left["seconds"] - 90) / 3600:.1f} h one after another, each estimated by '

@@ -77,8 +77,10 @@ def run_estimates(study: Study, workdir: str, under_way: bool = True) -> dict[st
   took = {run.name: run_seconds(workdir, run) for run in study.runs}
   done = [run for run in study.runs if took[run.name] is not None]
   # a finished run with no times is not left, nor a diverged one (the runner passes it over: it would diverge
-  # again; so it does with a damaged diverged.json)
+  # again; so it does with a damaged diverged.json), nor one with any finished.json, which the runner passes over
+  # too (damaged, or whose metrics.jsonl lost its evaluations: unfinished in the report, but never run again)
   left = [run for run in study.runs if not is_finished(workdir, run)
+          and read_record(workdir, run, 'finished.json') == (None, None)
           and read_record(workdir, run, 'diverged.json') == (None, None)]
   paces = {run.name: own_pace(workdir, run) if under_way else None for run in left}
   for run in left:  # a run under way stands for its cell's other seeds too: a whole run at its pace
