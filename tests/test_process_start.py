@@ -1,7 +1,8 @@
 """Ctrl-C while a process waits for the others to join stops it at once with one line (before: two Ctrl-Cs
 ignored and an abort after about 310 s). The other start-up failures (a process alone past
 distributed.startup_timeout_s, a taken port, configs that differ, a peer's missing data) are rows of
-test_bad_inputs.py's multi-process table."""
+test_bad_inputs.py's multi-process table; the config agreement's comparison, field by field, is here, against
+a peer that shows its config through a stand-in for the coordinator's key-value store."""
 import os
 import signal
 import subprocess
@@ -166,3 +167,60 @@ def test_ctrl_c_while_waiting_for_the_others_data_stops_at_once(monkeypatch):
   assert distributed.global_state.client.published.get(together) == '1'  # the others leave with it
   with processes.StopSignal(processes=True):  # a new run starts uninterrupted
     assert not processes.INTERRUPTED.is_set()
+
+
+class _Peer(_Coordinator):
+  """Process 1 has shown ``theirs`` (a flat {field: value} dict of its config), as the agreement publishes it."""
+
+  def __init__(self, theirs):
+    super().__init__(None)
+    self.theirs = theirs
+
+  def blocking_key_value_get(self, key, timeout_ms):
+    assert key.endswith('/1'), key  # only the other process's config is read
+    import json
+    return json.dumps(self.theirs, sort_keys=True)
+
+
+def _shown(config) -> dict:
+  """A config as a process shows it to the others: every field, flat, but those it may set its own way."""
+  import json
+  from jaxdecouple.agreement import PER_PROCESS
+  from jaxdecouple.workdir import flat
+  return {k: v for k, v in flat(json.loads(config.to_json_best_effort())).items() if k not in PER_PROCESS}
+
+
+def test_a_field_that_differs_on_another_process_is_named_with_both_values(monkeypatch):
+  """The agreement's comparison, field by field, against process 1's config with one field changed at a time (the
+  multi-process table of test_bad_inputs runs two of these with real processes): the line names the field and
+  both processes' values in JSON; several differences name the first in sorted order; the fields a process sets
+  its own way (``PER_PROCESS``: its id, its data's path, its cache) differ freely; identical configs pass."""
+  import json
+  import pytest
+  from jax._src import distributed
+  from jaxdecouple.agreement import agree_on_config
+  from jaxdecouple.errors import ConfigError
+  from conftest import tiny_config
+  mine = tiny_config()
+  changed = {'seed': 1, 'batch_size': 32, 'max_steps': 3, 'method': 'fdg', 'pipeline.num_stages': 3,
+             'optim.learning_rate': 0.2, 'optim.milestones': [1, 2], 'data.synthetic_train_size': 256}
+  _as_process_0_of_2(monkeypatch, None)
+  for field, value in changed.items():
+    theirs = {**_shown(mine), field: value}
+    distributed.global_state.client = _Peer(theirs)
+    with pytest.raises(ConfigError) as raised:
+      agree_on_config(mine, 30.0)
+    assert str(raised.value) == (
+        f'config.{field}: process 0 has {json.dumps(_shown(mine)[field])}, process 1 has {json.dumps(value)}; '
+        'every process needs the same config (only distributed.process_id, distributed.transfer_address, '
+        'compilation_cache_dir, data.path, data.idx_dir, data.tfds_data_dir, data.tfds_manual_dir, '
+        'data.imagenet_v2_dir, data.workers, data.prefetch may differ)'), field
+  distributed.global_state.client = _Peer({**_shown(mine), 'seed': 5, 'batch_size': 8})
+  with pytest.raises(ConfigError, match=r'^config\.batch_size: process 0 has 16, process 1 has 8;'):
+    agree_on_config(mine, 30.0)
+  distributed.global_state.client = _Peer({**_shown(mine), 'optim.extra_field': 1})  # a field only process 1 has
+  with pytest.raises(ConfigError, match=r'^config\.optim\.extra_field: process 0 has null, process 1 has 1;'):
+    agree_on_config(mine, 30.0)
+  own = tiny_config(**{'distributed.process_id': 1, 'data.path': '/elsewhere/c10.npz', 'compilation_cache_dir': ''})
+  distributed.global_state.client = _Peer(_shown(own))
+  agree_on_config(mine, 30.0)  # nothing that must match differs
