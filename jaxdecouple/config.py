@@ -87,7 +87,8 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.optim.milestones = (150, 225, 275)  # epochs at which lr *= decay_factor
   c.optim.decay_factor = 0.1
   c.optim.decay_steps = 0.0    # > 0: lr / sqrt(1 + t / decay_steps) at iteration t instead of milestones (the
-                               # diminishing rate FDG's Theorem 1 assumes; milestones must be ())
+                               # diminishing rate FDG's Theorem 1 assumes, with momentum 0, weight decay 0 and
+                               # no warm-up: its plain SGD; milestones must be ())
   c.optim.warmup = 'none'      # none; constant (warmup_lr for warmup_epochs); linear (ADL)
   c.optim.warmup_epochs = 0.0
   c.optim.warmup_lr = 0.01

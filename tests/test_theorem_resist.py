@@ -11,10 +11,13 @@ others skipped), then the shared layer is averaged and each block taken from its
 
 with c_sigma = 2, c_res = 1, the output layer a fixed at its random start (as in Du et al.'s analysis). The
 theorem: with the width large enough and the step small enough, with high probability over the initialisation,
-the whole network's loss after k rounds falls at a linear rate, ||y - u(k)||^2 <= (1 - eta lambda_0 / c)^k
-||y - u(0)||^2, lambda_0 > 0 being the least eigenvalue of the data's Gram matrix (our copy of the paper's text
-lost the constants: the check takes lambda_0 from the data, its least eigenvalue computed at the start, and
-Du et al.'s constant for the whole network, and asks every round to contract at least that fast).
+the whole network's loss after k rounds converges at a linear rate "up to an error neighborhood" (the paper's
+abstract: its size set by the width, S, L and the depth), ||y - u(k)||^2 <= (1 - eta lambda_0 / c)^k ||y - u(0)||^2
+plus that neighbourhood, lambda_0 > 0 being the least eigenvalue of the data's Gram matrix (our copy of the paper's
+text lost its formulas: the check takes lambda_0 from the data, its least eigenvalue computed at the start, and Du
+et al.'s constant for the whole network, and asks every round to contract at least that fast; in 20 rounds no
+floor is reached, so the neighbourhood is not measured). The output's 1 / sqrt(m) is a scaling of the output layer
+(the step 2.0 is set against the Gram matrix it gives, measured below), not a claim about Du et al.'s form.
 """
 import jax
 import jax.numpy as jnp

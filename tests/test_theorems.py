@@ -9,10 +9,18 @@ a diminishing rate and L gamma_t <= 1, for every t (eq. 11):
     Z2 = L M (beta^K - 1)/(beta - 1) + L M sum_k beta^{3(K-k)} (t - max{0, d_k(t)}).
 The problem: f(theta) = sum_i a_i log(1 + (theta_i - c_i)^2), non-convex, L = 2 max a_i, its gradient bounded
 by a_i per coordinate; the stochastic gradient adds noise uniform in [-s, s]. The expectation over the step's
-noise is taken by Monte Carlo. The rate is the library's (optim.decay_steps: lr / sqrt(1 + t)). The theorem asks
-only for a diminishing rate with L gamma_t <= 1 (not sum gamma_t^2 < inf); with 1/sqrt(t) its averaged bound
-falls like log T / sqrt(T), checked below, and a constant rate, the control, does not make the norm fall. That
-the library's FDG runs this algorithm (delays 2(K-k), gradients shrunk by beta^{K-k}) is test_fdg's oracles' job;
+noise is taken by Monte Carlo. The rate is the library's (optim.decay_steps: lr / sqrt(1 + t); the theorem's
+algorithm is plain SGD, so a run meant to follow it sets optim.momentum=0, optim.weight_decay=0 and no warm-up).
+The theorem asks only for a diminishing rate with L gamma_t <= 1 (not sum gamma_t^2 < inf); with 1/sqrt(t) its
+averaged bound falls like log T / sqrt(T), checked below, and a constant rate, the control, does not make the norm
+fall.
+
+What is checked is eq. 11 as the paper states it, not its proof, which has two gaps (its appendix A, the bound on
+P1): ||sum_j v_j||^2 <= sum_j ||v_j||^2 drops Cauchy-Schwarz's factor n = t - max{0, d} (up to 2(K - 1)), and
+sum_{j=d}^{t-1} gamma_j^2 <= gamma_t^2 (t - d) needs gamma_j <= gamma_t, which a diminishing rate reverses. Eq. 11
+as written holds at every step here all the same.
+
+That the library's FDG runs this algorithm (delays 2(K-k), gradients shrunk by beta^{K-k}) is test_fdg's oracles' job;
 this test is about the rate and the bound.
 """
 import numpy as np
@@ -51,7 +59,7 @@ def test_fdg_theorem_1_bounds_every_step_and_the_gradient_norm_falls(K, beta):
   blocks = np.array_split(np.arange(DIM), K)  # block k = 1..K (index k - 1)
   rng = np.random.default_rng(1)
   history = [np.random.default_rng(2).normal(0, 3, DIM)]
-  worst, worst_without_z2, norms, z1s, z2s = -np.inf, -np.inf, [], [], []
+  worst, worst_without_z2, norms = -np.inf, -np.inf, []
   for t in range(steps):
     theta = history[-1]
     full = grad(theta)
@@ -73,40 +81,44 @@ def test_fdg_theorem_1_bounds_every_step_and_the_gradient_norm_falls(K, beta):
     worst_without_z2 = max(worst_without_z2, expected_change + gamma[t] / 2 * z1)
     history.append(nxt[0])  # the trajectory goes on with one of the draws
     norms.append(np.sum(full ** 2))
-    z1s.append(z1)
-    z2s.append(z2)
   assert worst <= 1e-3, worst  # eq. 11 at every step (Monte Carlo error far below the bound's slack)
   assert worst_without_z2 > 0  # not vacuous: the descent term alone fails (the noise's gamma^2 cost), Z2 is needed
-  # summed over t < T (f >= 0), the theorem's consequence: the gamma-weighted average of Z1 is at most
-  # B_T = (2 f(theta^0) + 2 sum gamma_t^2 Z2_t) / sum gamma_t. Z2_t stops growing once t passes the largest delay,
-  # so with gamma_t ~ 1/sqrt(t) B_T falls like log T / sqrt(T): the observed average stays under B_T at every T
-  # and falls with it
-  z1s, z2s = np.array(z1s), np.array(z2s)
-  horizons = (50, 100, 200, 400)
-  averages = [np.sum(gamma[:T] * z1s[:T]) / np.sum(gamma[:T]) for T in horizons]
-  bounds = [(2 * f(history[0]) + 2 * np.sum(gamma[:T] ** 2 * z2s[:T])) / np.sum(gamma[:T]) for T in horizons]
-  assert all(a <= b for a, b in zip(averages, bounds)), (averages, bounds)
-  assert all(b1 < b0 for b0, b1 in zip(bounds, bounds[1:])), bounds
-  assert averages[-1] < averages[0], averages
   early, late = np.mean(norms[:20]), np.mean(norms[-50:])
   assert late < 0.5 * early, (early, late)
-  # the control: the same algorithm at the constant rate 1 / L (within the theorem's L gamma <= 1, but not
-  # diminishing: B_T then tends to 2 gamma Z2, not 0) settles at the noise's floor instead (measured over 20
-  # trajectories for every K and beta here: late ||grad||^2 about 6.4 to 8.0 against 0.47 to 1.7 diminishing)
-  constant = trajectory_norms(grad, K, beta, np.full(steps, 1.0 / L))
-  assert np.mean(constant[-50:]) > 2 * late, (np.mean(constant[-50:]), late)
+  # The rate. Summed over t < T (f >= 0), eq. 11 bounds the gamma-weighted average of Z1 by
+  # B_T = (2 f(theta^0) + 2 sum gamma_t^2 Z2_t) / sum gamma_t, which at gamma_t ~ 1/sqrt(t) falls like log T / sqrt(T)
+  # (Z2_t stops growing once t passes the largest delay). On this problem B_T is vacuous in size (89 to 495 at
+  # T = 400 against ||grad f||^2 <= sum a_i^2 = 14 for every theta), so what can be checked is its shape: the
+  # gamma-weighted average of E||grad f(theta^t)||^2 (64 trajectories from random starts) falls like log T / sqrt(T)
+  # from T = 100 to 1600, its ratio to log T / sqrt(T) flat or falling (measured 6.8 to 9.1, at most 2% above its
+  # T = 100 value; 3.4% with other seeds), log-log slopes -0.27 to -0.43 per doubling against the shape's -0.30 to
+  # -0.36 (a rate no slower than the bound's; seeds 3 to 5: -0.25 at the slowest), while the same algorithm
+  # at the constant rate 1 / L (within L gamma <= 1, not diminishing: B_T then tends to 2 gamma Z2, not 0) stops
+  # falling at the noise's floor (slopes -0.01 to 0.03, averages 6.3 to 8.0)
+  horizons = np.array([100, 200, 400, 800, 1600])
+  diminishing = rates(L, horizons[-1])
+  weighted = mean_norms(grad, K, beta, diminishing)
+  averages = np.array([np.sum(diminishing[:T] * weighted[:T]) / np.sum(diminishing[:T]) for T in horizons])
+  ratios = averages / (np.log(horizons) / np.sqrt(horizons))
+  slopes = np.diff(np.log(averages)) / np.diff(np.log(horizons))
+  assert (ratios <= 1.1 * ratios[0]).all() and (slopes <= -0.2).all(), (ratios, slopes)
+  constant = mean_norms(grad, K, beta, np.full(horizons[-1], 1.0 / L))
+  flat = np.diff(np.log([np.mean(constant[:T]) for T in horizons])) / np.diff(np.log(horizons))
+  assert (flat >= -0.1).all() and np.mean(constant[-200:]) > 2 * weighted[-200:].mean(), (flat, weighted[-200:].mean())
 
 
-def trajectory_norms(grad, K, beta, gamma, seed=1):
-  """||grad f(theta^t)||^2 along one FDG trajectory at the rates ``gamma`` (the test's algorithm, one noise draw a
-  step)."""
+def mean_norms(grad, K, beta, gamma, trajectories=64, seed=1):
+  """E||grad f(theta^t)||^2 at each t, averaged over ``trajectories`` FDG trajectories at the rates ``gamma`` (the
+  test's algorithm, one noise draw a step each, each from its own start: the expectation over the start too)."""
   blocks = np.array_split(np.arange(DIM), K)
-  rng, history, norms = np.random.default_rng(seed), [np.random.default_rng(2).normal(0, 3, DIM)], []
+  rng = np.random.default_rng(seed)
+  history, norms = [np.random.default_rng(2).normal(0, 3, (trajectories, DIM))], []
   for t, rate in enumerate(gamma):
-    norms.append(np.sum(grad(history[-1]) ** 2))
-    step = np.zeros(DIM)
+    norms.append(np.mean(np.sum(grad(history[-1]) ** 2, axis=1)))
+    step = np.zeros((trajectories, DIM))
     for k in range(1, K + 1):
       q = blocks[k - 1]
-      step[q] = beta ** (K - k) * (grad(history[max(0, t - 2 * (K - k))])[q] + rng.uniform(-NOISE, NOISE, len(q)))
+      step[:, q] = beta ** (K - k) * (grad(history[max(0, t - 2 * (K - k))])[:, q]
+                                      + rng.uniform(-NOISE, NOISE, (trajectories, len(q))))
     history.append(history[-1] - rate * step)
   return np.array(norms)
