@@ -134,10 +134,15 @@ class Loop:
   def __init__(self, config, workdir: str, checkpointer: Checkpointer):
     self.config, self.workdir, self.checkpointer = config, workdir, checkpointer
     self.dataset = dataset = hold_out(load_dataset(config.data, config.dataset), config.data.holdout)
+    # what the eval lines name: with data.holdout the records' test_* keys hold the hold-out split's figures
+    self.eval_split = 'hold-out' if config.data.holdout else 'test'
     agree_on_data(dataset, config.distributed.data_timeout_s)
     mark_progress()  # loading may take minutes; the stall judge counts from here
     if config.batch_size > len(dataset.x_train):
-      fail('batch_size', f'{config.batch_size} exceeds the {len(dataset.x_train)} training examples of {config.dataset}')
+      held = (f' left after data.holdout={config.data.holdout} took {len(dataset.x_test)} (hold out less)'
+              if config.data.holdout else '')
+      fail('batch_size', f'{config.batch_size} exceeds the {len(dataset.x_train)} training examples of {config.dataset}'
+           f'{held}')
     self.setup = build_setup(config, dataset)
     self.spe = self.setup.steps_per_epoch
     self.total_steps = config.max_steps or config.num_epochs * self.spe
@@ -291,8 +296,9 @@ class Loop:
           'eval', step, epoch=round(step / self.spe, 4), **result, epoch_time_s=round(epoch_time, 3),
           eval_time_s=round(time.perf_counter() - t, 3),
           train_images_per_sec=round(epoch_steps * self.config.batch_size / max(epoch_time, 1e-9), 1))
-      logging.info('epoch %.2f (step %d): test %s %.4f, test loss %.4f; %.1f s for the epoch', step / self.spe, step,
-                   'mAP' if 'test_map' in result else 'accuracy', result['test_accuracy'], result['test_loss'], epoch_time)
+      logging.info('epoch %.2f (step %d): %s %s %.4f, %s loss %.4f; %.1f s for the epoch', step / self.spe, step,
+                   self.eval_split, 'mAP' if 'test_map' in result else 'accuracy', result['test_accuracy'],
+                   self.eval_split, result['test_loss'], epoch_time)
     self.clock.next_epoch()
     mark_progress()
     return record

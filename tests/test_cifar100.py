@@ -73,9 +73,11 @@ def test_imagenet_configs_are_set_as_the_paper_ran_them():
       assert c.replica.warmup_steps == 0
 
 
-def test_holdout_evaluates_a_fixed_part_of_the_training_set(cifar100_npz, workdir):
+def test_holdout_evaluates_a_fixed_part_of_the_training_set(cifar100_npz, workdir, caplog):
   """data.holdout = 0.25: a quarter of the training set (the same for every seed), never trained on, is the
-  test set; the real test set is not used."""
+  test set; the real test set is not used; the eval lines say which split they score."""
+  import logging
+  caplog.set_level(logging.INFO)
   from jaxdecouple.data import load_dataset
   from jaxdecouple.data.holdout import hold_out
   config = tiny_config(dataset='cifar100', max_steps=2, **{'data.source': 'npz', 'data.path': cifar100_npz,
@@ -93,6 +95,19 @@ def test_holdout_evaluates_a_fixed_part_of_the_training_set(cifar100_npz, workdi
   evaluate = Evaluator(result.method.predict_fn(), result.method.setup.preprocess, 64, result.method.setup.devices[0])
   assert evaluate(result.variables, split.x_test, split.y_test) == pytest.approx(
       {k: v for k, v in result.last_eval.items() if k in ('test_loss', 'test_accuracy')}, rel=1e-5)
+  evals = [r.getMessage() for r in caplog.records if r.getMessage().startswith('epoch ')]
+  assert evals and all('hold-out accuracy' in m and 'hold-out loss' in m and 'test' not in m for m in evals), evals
+
+
+def test_a_holdout_that_leaves_less_than_a_batch_stops_naming_it(cifar100_npz, workdir):
+  """Holding out so much that not one batch is left to train on stops before any compute, naming both fields."""
+  from jaxdecouple.errors import ConfigError
+  config = tiny_config(dataset='cifar100', max_steps=2, **{'data.source': 'npz', 'data.path': cifar100_npz,
+                                                           'data.holdout': 0.95})
+  with pytest.raises(ConfigError) as e:
+    train_and_evaluate(config, workdir)
+  assert str(e.value).startswith('config.batch_size:') and 'data.holdout=0.95' in str(e.value) and \
+      'hold out less' in str(e.value) and '\n' not in str(e.value)
 
 
 @pytest.mark.parametrize('overrides,words', [
