@@ -608,6 +608,28 @@ def test_batch_statistics_average_only_every_period():
   assert engine.last_traffic.all_reduce == f32(params) + f32(stats) and f32(stats) > 0
 
 
+def test_resist_starts_from_the_warm_ups_averaged_statistics_between_statistics_rounds():
+  """A local-SGD warm-up whose last round is not a statistics round (replica.stats_every_steps longer than the
+  warm-up, as in the ImageNet configs: 1300 rounds against 500) leaves each worker its own BatchNorm statistics;
+  ResIST starts from their mean over the workers (one network), not from worker 0's."""
+  config = replica_config('resist', workers=2, steps=8, **{'replica.warmup_steps': 2, 'replica.stats_every_steps': 8})
+  method, state = initial_state(config)
+  warm = method.warm
+  stats = noisy(state.batch_stats, 5)
+  state = state._replace(batch_stats=warm.put_workers(stats))
+  after = warm.aggregate(state, 0)  # the warm-up's one round: not a statistics round (every 4)
+  assert_trees_close(jax.device_get(after.batch_stats), stats, tol=0)  # each worker kept its own
+  handed = method._after_warmup(after)
+  mean = jax.tree.map(lambda x: x.mean(0), stats)
+  member = np.asarray(handed.membership)
+  for w in range(2):
+    mine = method.engine.layout.worker_network(jax.device_get(handed.batch_stats), member, w)
+    assert mine and set(mine) < set(mean)  # the shared blocks and this worker's own
+    assert_trees_close(mine, {n: mean[n] for n in mine}, tol=1e-6)
+  with pytest.raises(AssertionError, match='max error'):  # sharp: worker 0's statistics are far from the mean
+    assert_trees_close({n: jax.tree.map(lambda x: x[0], stats[n]) for n in mine}, {n: mean[n] for n in mine}, tol=1e-3)
+
+
 def encoded_bytes(n, bits, keep):
   """Bytes of n float32 values on the wire by A.5, counted here: the ceil(keep * n) kept values (all with keep
   0), each as a code of ``bits`` bits packed into bytes after an 8-byte grid (lo, step), or as float32 with

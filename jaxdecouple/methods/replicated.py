@@ -71,11 +71,15 @@ class ReplicaMethod(Method):
   def _after_warmup(self, state: ReplicaState) -> ReplicaState:
     """The warm-up's last step averaged every worker's network: ResIST's layout from it, every worker
     keeping only its blocks of the next round; momentum restarts (or carries over with 'average'); the
-    outer momentum carries over, the unsent error (compressed updates) restarts at zero."""
+    outer momentum carries over, the unsent error (compressed updates) restarts at zero. The BatchNorm
+    statistics are averaged over the workers here whatever ``replica.stats_every_steps`` says: the last
+    round averaged them only if it was a statistics round (the ImageNet configs: every 1300 rounds, the
+    warm-up 500), and ResIST starts from one network, not from worker 0's statistics."""
     first = lambda tree: jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data[0]), tree)
     opt_state = first(state.opt_state) if self.engine.spec.momentum == 'average' else None
     outer_momentum = first(state.outer['momentum']) if 'momentum' in state.outer else None
-    return self.engine.state_from(first(state.params), first(state.batch_stats), opt_state,
+    stats = jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), self.warm.averaged(state)[1])
+    return self.engine.state_from(first(state.params), stats, opt_state,
                                   self.warmup // self.engine.spec.local_steps, outer_momentum)
 
   def step(self, state: ReplicaState, batch: Batch, step: int):
