@@ -99,7 +99,7 @@ def test_voc_folder_round_trip(tmp_path):
   root = voc.write_fake_voc(str(tmp_path / 'VOCdevkit'), years=('2007',), num_train=6, num_test=4)
   x_train, y_train, x_test, y_test, where = voc.load_voc_folder(root, 32)
   assert x_train.shape == (6, 32, 32, 3) and x_test.shape == (4, 32, 32, 3) and x_train.dtype == np.uint8
-  assert y_train.shape == (6, 42, 6) and y_test.shape == (4, 42, 6) and y_train.dtype == np.float32
+  assert y_train.shape == (6, voc.MAX_BOXES, 6) and y_test.shape == (4, voc.MAX_BOXES, 6) and y_train.dtype == np.float32
   assert 'VOC2007/trainval (6 images)' in where and 'not found, skipped: VOC2012/trainval' in where
   dropped = kept_flagged = boxes_seen = 0
   for (x, y, image_set, keep) in ((x_train, y_train, 'trainval', False), (x_test, y_test, 'test', True)):

@@ -22,9 +22,18 @@ def test_voc_ap_by_hand():
   recall, precision = [0.2, 0.4, 0.4, 0.6], [1, 1, 2 / 3, 0.75]
   assert voc_ap(recall, precision) == pytest.approx(6.5 / 11)
   assert voc_ap(recall, precision, eleven_point=False) == pytest.approx(0.55)
-  # a recall of exactly 3/10 reaches the t = 0.3 point (0, 0.1, 0.2, 0.3): 4 / 11
-  assert voc_ap([3 / 10], [1.0]) == pytest.approx(4 / 11)
+  # VOCevaldet.m's t = 0:0.1:1 in MATLAB: its fourth point is 3 * 0.1 = 0.30000000000000004, so a recall of
+  # exactly 3/10 reaches 0, 0.1 and 0.2 only (3 / 11); 0.6 and 0.7 are the doubles nearest 6/10 and 7/10 (counted
+  # from the end: 1 - 4 * 0.1, 1 - 3 * 0.1), which recalls of exactly 6/10 and 7/10 reach (7 / 11, 8 / 11)
+  assert voc_ap([3 / 10], [1.0]) == pytest.approx(3 / 11)
+  assert voc_ap([6 / 10], [1.0]) == pytest.approx(7 / 11) and voc_ap([7 / 10], [1.0]) == pytest.approx(8 / 11)
   assert voc_ap([], []) == 0.0
+
+
+def test_no_image_scores_nan_for_every_class():
+  """An evaluation that added no image: every class without truths, so nan throughout (not a crash)."""
+  value, per_class = MapAccumulator(3).result()
+  assert np.isnan(value) and per_class.shape == (3,) and np.isnan(per_class).all()
 
 
 def labels_of(rows_per_image, m=4):

@@ -10,7 +10,10 @@ VOCap.m; the VOC 2007 devkit's 11-point AP), so this follows it rule by rule:
   positive;
 - recall = TP / (number of non-difficult truths), precision = TP / (TP + FP), cumulated in that order;
 - AP (VOC 2007, ``eleven_point=True``) = mean over t in {0, 0.1, ..., 1} of max(precision where recall >= t),
-  0 where no recall reaches t; t = k / 10 exactly, so a recall of exactly 0.3 counts at t = 0.3;
+  0 where no recall reaches t; the t are MATLAB's ``0:0.1:1`` as VOCevaldet.m loops over them (the colon
+  operator counts from both ends: k * 0.1 for k <= 5, 1 - (10 - k) * 0.1 above), so the 0.3 point is
+  3 * 0.1 = 0.30000000000000004 and a recall of exactly 3/10 does not reach it (py-faster-rcnn's
+  ``np.arange(0., 1.1, 0.1)`` agrees there and differs at 0.6 and 0.7);
   AP (VOC 2010+, ``eleven_point=False``) = area under the precision envelope: with mrec = [0, recall, 1],
   mpre = [0, precision, 0], mpre[i] = max(mpre[i:]), AP = sum over recall changes of
   (mrec[i] - mrec[i-1]) mpre[i];
@@ -29,7 +32,8 @@ import numpy as np
 
 from jaxdecouple.errors import DataError
 
-ELEVEN_RECALLS = np.arange(11) / 10  # 0, 0.1, ..., 1, each the double nearest k / 10
+# MATLAB's 0:0.1:1, element by element (the devkit's loop): from the start up to the middle, from the end after it
+ELEVEN_RECALLS = np.array([k * 0.1 if k <= 5 else 1 - (10 - k) * 0.1 for k in range(11)])
 
 
 def iou_matrix(a, b) -> np.ndarray:
@@ -114,6 +118,8 @@ def mean_average_precision(detections, labels, num_classes: int, iou_threshold: 
   if len(detections) != len(labels):
     raise DataError(f'{len(detections)} images of detections but {len(labels)} of labels: give one detection '
                     'array (possibly empty) per labelled image')
+  if not len(labels):  # no image: no class has a truth
+    return float('nan'), np.full(num_classes, np.nan)
   det_class, det_score, det_best, det_overlap = [], [], [], []
   gt_class, gt_difficult, offset = [], [], 0
   for image, (found, truth) in enumerate(zip(detections, labels)):
