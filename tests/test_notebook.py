@@ -28,6 +28,7 @@ def test_notebook_executes_top_to_bottom(tmp_path, monkeypatch):
   work.mkdir()
   os.symlink(os.path.join(ROOT, 'configs'), tmp_path / 'configs')
   os.symlink(os.path.join(ROOT, 'jaxdecouple'), tmp_path / 'jaxdecouple')
+  os.symlink(os.path.join(ROOT, 'pyproject.toml'), tmp_path / 'pyproject.toml')  # a project folder
   try:
     NotebookClient(nb, timeout=round(scaled_timeout(300)), kernel_name='python3',
                    resources={'metadata': {'path': str(work)}}).execute()  # raises if any cell fails
@@ -112,3 +113,37 @@ def test_the_package_ships_every_subpackage_and_the_configs():
   assert tool['package-dir'] == {'jaxdecouple.configs': 'configs'}
   assert os.path.exists(os.path.join(ROOT, 'configs', '__init__.py'))
   assert os.path.exists(os.path.join(ROOT, 'configs', 'quickstart.py'))  # what the notebook loads
+
+
+def test_the_install_cell_finds_a_clone_beside_it_and_refuses_an_old_python(tmp_path, monkeypatch):
+  """Colab without a %cd: cloned into ./jaxdecouple from the runtime's working folder, the cell takes the clone
+  as the project (its sys.path and pip's source; here every requirement is met, so no pip); a folder holding a
+  'jaxdecouple' that is not a project is not put on sys.path. On a Python older than pyproject.toml's
+  requires-python it stops with one line naming both versions, before any pip."""
+  import contextlib
+  import io
+  import subprocess
+  import sys
+  import tomllib
+  calls = []
+  monkeypatch.setattr(subprocess, 'check_call', lambda args, **kw: calls.append(list(args)))
+  monkeypatch.setattr(sys, 'path', list(sys.path))
+  monkeypatch.delenv('JAXDECOUPLE_SOURCE', raising=False)
+  (tmp_path / 'content').mkdir()
+  os.symlink(ROOT, tmp_path / 'content' / 'jaxdecouple')  # `!git clone ... jaxdecouple`, no %cd
+  monkeypatch.chdir(tmp_path / 'content')
+  namespace = {'os': os, '__name__': 'cell'}
+  with contextlib.redirect_stdout(io.StringIO()):
+    exec(install_cell(), namespace)
+  clone = str(tmp_path / 'content' / 'jaxdecouple')
+  assert namespace['ROOT'] == namespace['SOURCE'] == clone and clone in sys.path and calls == []
+  with open(os.path.join(ROOT, 'pyproject.toml'), 'rb') as f:
+    wanted = tomllib.load(f)['project']['requires-python']
+  assert wanted == '>={}.{}'.format(*namespace['MIN_PYTHON'])  # the cell's bound is the project's
+  monkeypatch.setattr(sys, 'version_info', (3, 10, 14, 'final', 0))
+  try:
+    exec(install_cell(), {'os': os, '__name__': 'cell'})
+    raise AssertionError('the cell ran on Python 3.10')
+  except RuntimeError as e:
+    assert 'needs Python 3.11 or newer, this runtime has 3.10' in str(e) and '\n' not in str(e)
+  assert calls == []
