@@ -3,15 +3,23 @@
 # Colab or TPU VM runtime has none of the project's), from a copy of this checkout's committed files, then
 # imports the library and checks a paper config. Needs the package registry (pip); took 24-94 s here (README).
 #   bash notebooks/check_install.sh            # SOURCE: the project folder the notebook sits in
+#   bash notebooks/check_install.sh --beside   # Colab without a %cd: the cell runs from the folder the project
+#                                              # was cloned into (./jaxdecouple), not from notebooks/
 #   JAXDECOUPLE_SOURCE=dist/jaxdecouple-0.1.0-py3-none-any.whl bash notebooks/check_install.sh
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 if [ -n "${JAXDECOUPLE_SOURCE:-}" ] && [ -e "$JAXDECOUPLE_SOURCE" ]; then  # a file: its absolute path (the cell
   export JAXDECOUPLE_SOURCE=$(realpath "$JAXDECOUPLE_SOURCE")              # runs from another folder)
 fi
+case "${1:-}" in
+  '') from=jaxdecouple/notebooks ;;
+  --beside) from=. ;;
+  *) echo "check_install: unknown argument '$1' (none, or --beside)" >&2; exit 2 ;;
+esac
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-git -C "$here" archive HEAD | tar -x -C "$scratch"   # what a clone holds, nothing of this machine's
+mkdir "$scratch/jaxdecouple"
+git -C "$here" archive HEAD | tar -x -C "$scratch/jaxdecouple"   # what a clone holds, nothing of this machine's
 python3 -m venv "$scratch/venv"
 python3 - "$here/notebooks/quickstart.ipynb" > "$scratch/install_cell.py" <<'PY'
 import json, sys
@@ -20,13 +28,13 @@ print('import os')
 print(next(c for c in cells if c.startswith('# Install the project')))
 PY
 start=$(date +%s)
-(cd "$scratch/notebooks" && env -u PYTHONPATH "$scratch/venv/bin/python" "$scratch/install_cell.py")
+(cd "$scratch/$from" && env -u PYTHONPATH "$scratch/venv/bin/python" "$scratch/install_cell.py")
 echo "install cell: $(( $(date +%s) - start )) s"
 cd /
 env -u PYTHONPATH "$scratch/venv/bin/python" - "$scratch" <<'PY'
 import importlib.util, os, sys
 import jaxdecouple
-assert not jaxdecouple.__file__.startswith(sys.argv[1] + '/jaxdecouple'), 'imported from the copy, not installed'
+assert not jaxdecouple.__file__.startswith(sys.argv[1] + '/jaxdecouple/'), 'imported from the copy, not installed'
 # the installed package's own copy of the configs (a wheel or git+https install has no configs/ folder beside it)
 spec = importlib.util.spec_from_file_location('c', os.path.join(os.path.dirname(jaxdecouple.__file__), 'configs',
                                                                 'resist_preact101_c10_s2.py'))
