@@ -2,7 +2,7 @@
 Table 6) with its detector (a post-activation ResNet and YOLO-v2's detection layer) cut down to ``postact_tiny``
 and VOC replaced by the generated shapes (data/shapes.py), so the detection path trains for real here."""
 from jaxdecouple.papers import RESIST_DETECTION
-from jaxdecouple.study.core import SEEDS, Run, Study
+from jaxdecouple.study.core import SEEDS, Claim, Run, Study
 
 EPOCHS, MODEL, BATCH, IMAGES = 5, 'yolo_postact_tiny', 32, 4000
 COLUMNS = (('local SGD', 'localsgd'), ('ResIST', 'resist'))
@@ -38,16 +38,22 @@ def study() -> Study:
       '(5 partitioned blocks) whose 8 x 8 map feeds a 1x1 convolution of 3 anchors x (5 + 3 classes). The main '
       'table\'s "error" is 100 - mAP (VOC 2007, IoU 0.5); the paper\'s metric, the best test loss, is in its own '
       "table with Table 6's VOC losses beside it (another data set: compare the sign of the gap, not the losses)",
-      runs, detection=True, paper_loss=paper,
+      runs, detection=True, paper_loss=paper, claims=(
+          # section 6.3: "ResIST achieves a lower test loss in comparison to local SGD for the experiment with two
+          # machines" (Table 6: 5.99 against 6.15); at four, "slightly worse ... comparable", a difference in test
+          # loss that "never exceeds a value of one", a bound in the loss's units that has no counterpart in mAP
+          Claim('ResIST no worse than local SGD at S=2 (Table 6: a lower test loss, 5.99 against 6.15; checked here '
+                'on 100 - mAP, the best test losses are in their own table)', 'ResIST', (f'{MODEL}, S=2',), 0.0,
+                baseline='local SGD'),),
       paper_seconds={(f'{MODEL}, S={s}', c): RESIST_DETECTION[(c, s)]['seconds'] for s in (2, 4) for c, _ in COLUMNS},
       paper_speedup={(f'{MODEL}, S={s}', c): RESIST_DETECTION[(c, s)]['speed-up'] for s in (2, 4) for c, _ in COLUMNS
                      if 'speed-up' in RESIST_DETECTION[(c, s)]},
       reading=(
-          'ResIST trails local SGD on every measure here: +9.58 points of error (100 - mAP) at S=2 and +7.12 at '
+          'ResIST trails local SGD on every accuracy measure here: +9.58 points of error (100 - mAP) at S=2 and +7.12 at '
           'S=4, a best test loss of 3.145 against 2.500 at S=2 and 3.141 against 2.346 at S=4 (mAP 53.18% against '
           "62.76%, 55.88% against 67.68%). The paper's Table 6 has ResIST ahead at S=2 (5.99 against 6.15) and "
           'behind at S=4 (6.69 against 6.22): the sign at S=4 agrees, the one at S=2 does not. The median run had '
-          'levelled off (the last 20% of the schedule moved the error by -0.32 points or less).',
+          'levelled off (the last 20% of the schedule moved the error by at most 0.32 points).',
           'As on CIFAR-10 (cpu_cifar10_resist), each partitioned block is trained by one worker of S, so in a '
           'given number of epochs it sees 1/S of the images a local SGD block sees; these runs train 5 epochs '
           'where the paper trains 100, so the gap measures ResIST on a short schedule, and on generated shapes '
