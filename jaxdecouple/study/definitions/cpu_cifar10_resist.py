@@ -27,16 +27,21 @@ def study() -> Study:
       f'per worker, 50 local steps per round, crop and flip, BatchNorm with batch statistics at test time, lr / 10 '
       f'after 50% and 75% of the epochs) for {EPOCHS} epochs, each worker going through the whole training set '
       f'once per epoch in its own order; {MODEL}: a pre-activation ResNet [1, 1, 9, 1] with 8..64 channels, '
-      "whose third section has 8 partitioned blocks (4 per sub-network at S=2, 2 at S=4). The paper's numbers "
-      'are for ResNet-101 after 80 (S=2) and 160 (S=4) epochs: compare gaps, not errors',
+      "whose third section has 8 partitioned blocks (4 per sub-network at S=2, 2 at S=4; no minimum depth, as in "
+      "the release's CIFAR recipe, where the paper's section 2.6 found at least 5 blocks a sub-network best). The "
+      "paper's numbers are its best test accuracy, mean of 3 trials (as 100 - accuracy; the best-accuracy table "
+      'below sets ours the same way), for ResNet-101 after 80 (S=2) and 160 (S=4) epochs: compare gaps, not errors',
+      # section 6.1: "ResIST achieves comparable test accuracy in all cases ... the performance gap between the two
+      # method does not exceed 1% in any experimental setting"
       runs, paper, needs=CIFAR10_FILE, best_accuracy=True, claims=tuple(
-          Claim(f'ResIST at S={s} within 0.6 points of local SGD (the paper, ResNet-101: {resist_gap("cifar10", s)})',
-                'ResIST', (f'{MODEL}, S={s}',), 0.6, baseline='local SGD') for s in (2, 4)),
+          Claim(f'ResIST at S={s} within 1.0 point of local SGD (6.1: "does not exceed 1%"; ResNet-101: '
+                f'{resist_gap("cifar10", s)})', 'ResIST', (f'{MODEL}, S={s}',), 1.0, baseline='local SGD')
+          for s in (2, 4)),
       reading=(
           'ResIST trails local SGD by +1.59 points at S=2 and +4.34 at S=4, against the paper\'s +0.41 and '
           '+0.55; the paper\'s own measure says the same (best accuracy 67.99% against 70.15% at S=2, 66.97% '
           'against 71.39% at S=4). Every run has levelled off within its schedule.',
-          'Each partitioned block is trained by one worker of S, so in a given number of epochs it sees 1/S of '
-          'the images a local SGD block sees; the gap grows with S as that share shrinks. The paper trains 10 '
-          '(S=2) to 20 (S=4) times as many epochs as these runs; cpu_cifar10_resist_why tests whether a longer '
-          'schedule closes the gap.'))
+          'The gap grows from S=2 to S=4. Two things shrink with S here: the images each partitioned block sees '
+          'per epoch (1/S of a local SGD block\'s) and the blocks a sub-network holds (4, then 2, with no minimum '
+          'depth); cpu_cifar10_resist_why finds the first not to be what ResIST lacks at S=2. The paper trains 10 '
+          '(S=2) to 20 (S=4) times as many epochs as these runs.'))

@@ -27,15 +27,15 @@ def study() -> Study:
       tuple(runs), needs=CIFAR10_FILE, best_accuracy=True, train_error=True, claims=(
           Claim("ResIST's gap to local SGD at S=2 is smaller with the longer schedule", 'ResIST', (longer, row),
                 baseline='local SGD'),
-          Claim(f'ResIST at S=2 within 0.6 points of local SGD after {2 * main.EPOCHS} epochs', 'ResIST', (longer,),
-                0.6, baseline='local SGD')),
+          Claim(f'ResIST at S=2 within 1.0 point of local SGD after {2 * main.EPOCHS} epochs (the paper\'s 6.1: "does '
+                'not exceed 1%")', 'ResIST', (longer,), 1.0, baseline='local SGD')),
       reading=(
           'No: twice the schedule widens the gap, from +1.59 points at 8 epochs to +2.70 at 16 (paired, 3 seeds '
           'each). Both methods gain from the longer schedule, local SGD more (30.21% to 23.01%, ResIST 31.90% to '
           '25.44%). The explanation this study tested fails: at 16 epochs each ResIST block has seen as many images '
           'as a local SGD block at 8, and ResIST there (25.44%) is far better than local SGD at 8 epochs (30.21%), '
           'yet it still trails local SGD trained as long. What ResIST lacks on this network is not images per block.',
-          'It loses in optimisation, on a network that both methods underfit. In the last epoch ResIST\'s '
+          'Its sub-networks train to a higher error, on a network that both methods underfit. In the last epoch ResIST\'s '
           'sub-networks train to 23.01% error against local SGD\'s networks\' 19.17% (30.89 against 27.47 at 8 '
           'epochs), and the test error stands only +1.99 (ResIST) and +3.84 (local SGD) points above the training '
           'error. Where a network underfits, a method that optimises less well loses test accuracy nearly one for '
@@ -44,9 +44,9 @@ def study() -> Study:
           'far larger than this network, trained 80 to 160 epochs, where a network can overfit and training '
           'shallow sub-networks can pay as a regulariser; that regime is out of reach of 2 CPU cores, so this '
           'study neither confirms nor refutes the paper\'s gaps, and says what to expect on small networks and '
-          'short schedules: ResIST costs accuracy there, and more the longer it trains.',
-          'The wall-clock table does not compare the two methods\' speed: ResIST seed 0 at 16 epochs ran on the '
-          'slower AMD host, the other runs on the Xeon, and runs started with --jobs=2 shared the two cores with '
+          'short schedules: ResIST costs accuracy there, more at 16 epochs than at 8.',
+          'The wall-clock table does not compare the two methods\' speed: the 8-epoch row and ResIST seed 0 at 16 '
+          'epochs ran on AMD EPYC hosts, the other 16-epoch runs on the Xeon, and runs started with --jobs=2 shared the two cores with '
           'another run whose load changed; one ResIST seed per row also never reaches the target, which is '
           'ResIST\'s own median. ResIST\'s saving is in memory and bytes per worker (measured in the ResIST '
           'section of docs/PERFORMANCE.md), not in seconds on one shared CPU.',))
