@@ -630,6 +630,29 @@ def test_resist_starts_from_the_warm_ups_averaged_statistics_between_statistics_
     assert_trees_close({n: jax.tree.map(lambda x: x[0], stats[n]) for n in mine}, {n: mean[n] for n in mine}, tol=1e-3)
 
 
+@pytest.mark.parametrize('extra', [{'replica.quantize_bits': 4}, {'replica.quantize_bits': 4, 'replica.min_depth': 2},
+                                   {'replica.sparsify': 0.25, 'replica.min_depth': 2}])
+def test_mid_round_evaluation_with_compressed_weights_scores_what_the_rounds_end_makes(extra):
+  """Compressed weights (the paper's Table 9 runs): evaluated one step into a round (L = 2), the network is the one
+  the round's end would make, each worker's shared layers encoded and each block as its next owners receive it
+  (through the codec where it changes worker), as a boundary's evaluation after that end scores it; not the exact
+  float32 mean of the workers, which no round's end makes (what it scored before 2026-12-06)."""
+  config = replica_config('resist', **extra)
+  method, state = initial_state(config)
+  engine = method.engine
+  state = state._replace(params=engine.put_workers(noisy(state.params, 3)),
+                         batch_stats=engine.put_workers(noisy(state.batch_stats, 4)))
+  engine.steps_done = 1  # one step into round 0: its end comes at step 2
+  mid = method.eval_variables(state)
+  plain = jax.tree.map(lambda x: x.addressable_data(0), dict(zip(('params', 'batch_stats'),
+                                                                 engine.averaging.averaged(state))))
+  ended = engine.aggregate(state, 0)  # the round's end itself (donates state)
+  engine.steps_done = 2
+  assert_trees_close(mid, method.eval_variables(ended), tol=1e-5)
+  with pytest.raises(AssertionError, match='max error'):  # sharp: the float32 mean is far from it
+    assert_trees_close(plain['params'], mid['params'], tol=1e-3)
+
+
 def encoded_bytes(n, bits, keep):
   """Bytes of n float32 values on the wire by A.5, counted here: the ceil(keep * n) kept values (all with keep
   0), each as a code of ``bits`` bits packed into bytes after an 8-byte grid (lo, step), or as float32 with

@@ -64,6 +64,9 @@ class ReplicaMethod(Method):
     return (self.warm or self.engine).init(rng, example)
 
   def state_at(self, initial: ReplicaState, step: int) -> ReplicaState:
+    for engine in (self.engine, self.warm):  # a restored state's place in its round (evaluation needs it)
+      if engine is not None:
+        engine.steps_done = step
     if self.warmup and step >= self.warmup:  # past the warm-up: ResIST's layout
       return self.engine.init(*self._example)
     return initial

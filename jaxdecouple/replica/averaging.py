@@ -252,6 +252,22 @@ class Averaging:
     f = jax.shard_map(self._whole, mesh=self.mesh, in_specs=(w, w, w, w), out_specs=(P(), P()), check_vma=False)
     return jax.jit(lambda st: f(st.params, st.batch_stats, st.membership, st.outer))
 
+  @functools.cached_property
+  def closing(self):
+    """``(state, next membership (S, P)) -> (params, batch_stats)``: ``averaged`` in the middle of a round whose
+    end sends compressed weights (``quantize_bits`` / ``sparsify`` on the weights): the network that end would
+    make and a boundary's evaluation would then score. The shared layers as the round's end averages them, each
+    worker's encoded; each block as its next owners would receive it, a holder's own row where it keeps the
+    block and the row through the codec where the block goes to another worker, averaged over the holders and
+    then over the next owners (several of either with a minimum depth):
+        block = sum over holders h of (c_h row_h + (|O| - c_h) codec(row_h)) / (|O| |H|),
+    c_h = 1 where h is among the next owners O. Plain ``averaged`` scored the exact float32 mean there, a
+    network no round's end makes."""
+    w = P(AXIS)
+    f = jax.shard_map(self._whole, mesh=self.mesh, in_specs=(w, w, w, w, P()), out_specs=(P(), P()),
+                      check_vma=False)
+    return jax.jit(lambda st, following: f(st.params, st.batch_stats, st.membership, st.outer, following))
+
   def closed(self, params, outer):
     """Every worker's parameters as the end of the round under way would leave them (inside the mesh):
     the shared layers' outer step (their compressed updates and unsent errors included) and each holder's
@@ -263,10 +279,12 @@ class Averaging:
     moved = jax.lax.psum(moved.astype(jnp.int32), AXIS) > 0
     return jax.tree.map(lambda e, a: jnp.where(moved, e, a), ended, anchor)
 
-  def _whole(self, params, stats, member, outer):
+  def _whole(self, params, stats, member, outer, following=None):
     layout = self.layout
     if self.tracks:
       params = self.closed(params, outer)
+    elif following is not None:  # compressed weights mid-round: the shared layers as the round's end averages them
+      params = self.shared.compressed(params)
     mean = lambda tree: {n: jax.tree.map(self.shared.mean, v) for n, v in tree.items() if n not in layout.keys}
     out_params, out_stats = mean(params), mean(stats)
     if layout.index:
@@ -275,10 +293,13 @@ class Averaging:
       rows = jax.lax.all_gather(self.pack((params, stats), g), AXIS, tiled=True)  # (S * slots, R)
       member = everyone[:, g.columns]
       position = jnp.cumsum(member, axis=1) - 1  # a block's slot on each worker holding it
-      total = 0.0
-      for w in range(self.num_workers):  # selected, not weighted: one holder passes through exactly
-        total = total + jnp.where(member[w][:, None], rows[w * g.slots + jnp.maximum(position[w], 0)], 0.0)
-      blocks = total / jnp.maximum(jnp.sum(member, axis=0), 1)[:, None].astype(jnp.float32)
+      if following is None:
+        total = 0.0
+        for w in range(self.num_workers):  # selected, not weighted: one holder passes through exactly
+          total = total + jnp.where(member[w][:, None], rows[w * g.slots + jnp.maximum(position[w], 0)], 0.0)
+        blocks = total / jnp.maximum(jnp.sum(member, axis=0), 1)[:, None].astype(jnp.float32)
+      else:
+        blocks = self._closing_blocks(rows, member, jnp.asarray(following)[:, g.columns], params, g)
       template = (params[g.key], stats.get(g.key, {}))
       flat, treedef = jax.tree_util.tree_flatten(template)
       p, s = jax.tree_util.tree_unflatten(treedef, [cols.reshape(-1, *x.shape[2:]).astype(x.dtype)
@@ -290,3 +311,21 @@ class Averaging:
     order = {n: i for i, n in enumerate(layout.chain.names)}
     ordered = lambda tree: {n: tree[n] for n in sorted(tree, key=order.__getitem__)}
     return ordered(out_params), ordered(out_stats)
+
+  def _closing_blocks(self, rows, member, following, params, g: SlotGroup):
+    """Group g's blocks (P, R) as ``closing`` says: each holder's row as it would arrive at each next owner
+    (itself: as it is; another worker: through the codec, its parameter segments compressed), averaged."""
+    sizes = [int(np.prod(x.shape[2:])) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
+             if in_slots(path, g.key)]
+    coded = wire.Codec(sizes, rows.shape[1], self.quantize_bits, self.sparsify)
+    arrived = coded.decode(coded.encode(rows))
+    position = jnp.cumsum(member, axis=1) - 1
+    owners = jnp.sum(following, axis=0).astype(jnp.float32)  # |O| per block
+    share = owners * jnp.maximum(jnp.sum(member, axis=0), 1).astype(jnp.float32)  # |O| |H|
+    total = 0.0
+    for w in range(self.num_workers):
+      row = w * g.slots + jnp.maximum(position[w], 0)
+      keeps = (member[w] & following[w]).astype(jnp.float32)  # c_h: this holder keeps the block
+      held = member[w].astype(jnp.float32)
+      total = total + (keeps[:, None] * rows[row] + (held * owners - keeps)[:, None] * arrived[row])
+    return total / jnp.maximum(share, 1.0)[:, None]

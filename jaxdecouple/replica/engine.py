@@ -108,6 +108,7 @@ class Replica:
     self.speeds: tuple[float, ...] = ()  # per-worker speeds: each round timed for real, beside stragglers.py's model
     self._round_start: float | None = None
     self._rounds_timed = 0
+    self.steps_done = 0  # steps trained (or restored): where in a round evaluation falls
 
   # --- state ----------------------------------------------------------------------------------------
   def put_workers(self, tree):
@@ -233,6 +234,7 @@ class Replica:
       self._round_start = time.perf_counter()  # the last round ended waited for: nothing of it is still running
     images, labels = self.put_workers((batch.images, batch.labels))
     state, metrics = self.local_step(state, images, labels, np.int32(t))
+    self.steps_done = t + 1
     if self.spec.average and (t + 1) % self.spec.local_steps == 0:
       first = self.last_traffic is None and self.announce
       if timed:
@@ -275,8 +277,15 @@ class Replica:
 
   # --- evaluation -------------------------------------------------------------------------------
   def averaged(self, state: ReplicaState):
-    """(params, batch_stats) of the averaged network, replicated over the mesh (averaging.py)."""
-    return self.averaging.averaged(state)
+    """(params, batch_stats) of the averaged network, replicated over the mesh (averaging.py): in the middle
+    of a round whose end sends compressed weights, the network that end would make (``Averaging.closing``)."""
+    a, L = self.averaging, self.spec.local_steps
+    if self.spec.average and a.compresses and not a.tracks and self.steps_done % L:
+      following = np.asarray(self.layout.membership(self.steps_done // L + 1), bool)
+      following = jax.device_put(following if following.size else np.zeros((self.spec.num_workers, 0), bool),
+                                 NamedSharding(self.mesh, P()))
+      return a.closing(state, following)
+    return a.averaged(state)
 
   def eval_model(self) -> Model:
     """The whole network with every partitioned block's residual branch scaled for test time (unless
