@@ -173,6 +173,14 @@ def test_synchronous_schedules_equal_accumulated_bp(kind, k, m, devices, workdir
     assert profile['bubble_measured'] >= 1 - 1 / k - 0.01
   plot_timeline(workdir, path=workdir + '_timeline.png')
   assert os.path.getsize(workdir + '_timeline.png') > 0
+  # the bytes each boundary carries an iteration: every micro-batch's activations up and gradients down (float32,
+  # the reference's stage outputs), and the labels once (they go from stage 0's device to the last stage's)
+  ref = SequentialStages(config)
+  x = np.split(np.asarray(ref.batch(0)[0], np.float32), m)[0]
+  micro = x.shape[0]
+  for stage in range(k - 1):
+    x, _ = ref.run(stage, ref.params[stage], x, ref.stats[stage])
+    assert result.method.pipeline.message_bytes[stage] == m * (2 * x.size * 4 + (micro * 4 if stage == 0 else 0))
 
 
 def test_one_micro_batch_is_bp(workdir, tmp_path):

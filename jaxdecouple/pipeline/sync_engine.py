@@ -209,7 +209,10 @@ class SyncPipeline:
       if k < self.schedule.last:
         y = jax.eval_shape(lambda p, s, x: stage.chain.apply({'params': p, 'batch_stats': s}, x, train=True)[0],
                            params, stats, x)
-        self.message_bytes.append(self.schedule.micro_batches * (2 * y.size * y.dtype.itemsize + micro * 4))
+        # each micro-batch's activations up and gradients down; the labels once, at the first boundary: they go
+        # straight from stage 0's device to the last stage's (step), not from stage to stage
+        labels = micro * 4 if k == 0 else 0
+        self.message_bytes.append(self.schedule.micro_batches * (2 * y.size * y.dtype.itemsize + labels))
         x = y
       states.append(stage.where.state(StageState(params, stats, self.optimizer.init(params), (), (), ())))
     return PipelineState(tuple(states))
