@@ -131,6 +131,7 @@ def test_logs_staleness_in_updates(workdir):
   assert 'delay 4, staleness 1.50 updates, first update at iteration 5' in lines[1]
   assert 'delay 2, staleness 0.50 updates, first update at iteration 4' in lines[2]
   assert 'delay 0, staleness 0.00 updates, first update at iteration 3' in lines[3]
+  assert 'MB/step to stage 1' in lines[1] and 'nothing crosses' not in lines[1]  # a device per stage here
 
 
 @pytest.mark.parametrize('overrides,field', [

@@ -181,6 +181,9 @@ def test_synchronous_schedules_equal_accumulated_bp(kind, k, m, devices, workdir
   for stage in range(k - 1):
     x, _ = ref.run(stage, ref.params[stage], x, ref.stats[stage])
     assert result.method.pipeline.message_bytes[stage] == m * (2 * x.size * 4 + (micro * 4 if stage == 0 else 0))
+  # the start-up lines say where stages share their devices, so that nothing crosses between them
+  sends = [line for line in result.method.describe(result.state) if 'MB per iteration to and from' in line]
+  assert len(sends) == k - 1 and all(('nothing crosses' in line) == (devices == 1) for line in sends), sends
 
 
 def test_one_micro_batch_is_bp(workdir, tmp_path):

@@ -13,6 +13,7 @@ from jaxdecouple.errors import fail
 from jaxdecouple.methods.pipelined import PipelineMethod
 from jaxdecouple.models import count_params
 from jaxdecouple.pipeline import choose_split
+from jaxdecouple.pipeline.accounting import same_devices
 from jaxdecouple.pipeline.sync_engine import SyncPipeline
 from jaxdecouple.pipeline.sync_schedule import SyncSchedule
 
@@ -70,7 +71,7 @@ class SynchronousPipeline(PipelineMethod):
       lines.append(f'  stage {k} on {stage.where}: blocks {names[0]}..{names[-1]} ({len(names)}), '
                    f'{count_params(st.params) / 1e6:.3f}M params, holds at most {s.held(k)} micro-batches\' '
                    'activations' + (f', sends {pipeline.message_bytes[k] / 1e6:.2f} MB per iteration to and from '
-                                   f'stage {k + 1}' if k < s.last else ''))
+                                   f'stage {k + 1}' + same_devices(stage, pipeline.stages[k + 1]) if k < s.last else ''))
     lines.append('  schedule (F<m>: forward of micro-batch m, B<m>: its backward, W<m>: its weight gradient):')
     lines.extend('    ' + line for line in s.table().splitlines())
     return lines

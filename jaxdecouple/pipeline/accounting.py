@@ -20,6 +20,12 @@ def copies(n: int) -> str:
   return f'{n} cop{"y" if n == 1 else "ies"}'
 
 
+def same_devices(stage, following) -> str:
+  """What the bytes line adds where two neighbouring stages sit on the same devices: nothing crosses there, the
+  count is what the boundary carries."""
+  return ' (on the same devices: nothing crosses)' if set(stage.where.devices) == set(following.where.devices) else ''
+
+
 def describe(pipeline: Pipeline, state: PipelineState) -> list[str]:
   """The log's lines about the split, every stage and the schedule."""
   s = pipeline.schedule
@@ -36,7 +42,8 @@ def describe(pipeline: Pipeline, state: PipelineState) -> list[str]:
         f'{count_params(st.params) / 1e6:.3f}M params, est. {costs[k] / 1e6:.1f} MFLOP/8 images '
         f'({100 * costs[k] / total:.0f}%), delay {s.delay(k)}, staleness {s.staleness(k):.2f} updates, '
         f'first update at iteration {s.first_update(k)}'
-        + (f', sends {pipeline.message_bytes[k] / 1e6:.2f} MB/step to stage {k + 1}' if k < s.last else '')
+        + (f', sends {pipeline.message_bytes[k] / 1e6:.2f} MB/step to stage {k + 1}'
+           + same_devices(stage, pipeline.stages[k + 1]) if k < s.last else '')
         + (f'; keeps {ring_bytes(st) / 1e6:.1f} MB for the {len(st.ring)} forwards in flight '
            f'({pipeline.keep}: {"their residuals" if pipeline.keep == "vjp" else "their inputs"})' if st.ring else '')
         + (f'; auxiliary head {count_params(st.aux.params) / 1e6:.3f}M params' if st.aux else '')
