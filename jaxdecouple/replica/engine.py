@@ -282,8 +282,10 @@ class Replica:
     a, L = self.averaging, self.spec.local_steps
     if self.spec.average and a.compresses and not a.tracks and self.steps_done % L:
       following = np.asarray(self.layout.membership(self.steps_done // L + 1), bool)
-      following = jax.device_put(following if following.size else np.zeros((self.spec.num_workers, 0), bool),
-                                 NamedSharding(self.mesh, P()))
+      following = following if following.size else np.zeros((self.spec.num_workers, 0), bool)
+      # every process supplies the whole (replicated) array: the same partition, drawn from (seed, round)
+      following = jax.make_array_from_callback(following.shape, NamedSharding(self.mesh, P()),
+                                               lambda index: following[index])
       return a.closing(state, following)
     return a.averaged(state)
 
