@@ -2,7 +2,8 @@
 
 python main.py --config=configs/ddg_resnet110.py --config.data.path=cifar10.npz
 
-The FDG authors' README (test error, their rerun, marked * there; the paper's tables do not print it): DDG 6.26% (K=2).
+The FDG authors' README (test error, their rerun, marked * there; the paper's tables do not print it): DDG 6.26%
+(K=2).
 """
 from jaxdecouple.recipes import fdg_paper
 

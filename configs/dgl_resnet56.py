@@ -2,7 +2,8 @@
 
 python main.py --config=configs/dgl_resnet56.py --config.data.path=cifar10.npz
 
-The FDG authors' README (test error, their rerun, marked * there; the paper's tables do not print it): DGL 6.77% (K=2).
+The FDG authors' README (test error, their rerun, marked * there; the paper's tables do not print it): DGL 6.77%
+(K=2).
 K=3 and K=4 (--config.pipeline.num_stages=3 or 4, with --config.optim.warmup=constant --config.optim.warmup_epochs=3 as the paper did): 8.88% and 9.65%.
 The auxiliary heads' extra parameters are logged at the start of the run.
 """

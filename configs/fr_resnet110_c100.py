@@ -2,7 +2,8 @@
 
 python main.py --config=configs/fr_resnet110_c100.py --config.data.path=cifar100.npz
 
-The FDG authors' README (test error, their rerun, marked * there; the paper's tables do not print it): CIFAR-100 FR 26.31% (K=2).
+The FDG authors' README (test error, their rerun, marked * there; the paper's tables do not print it): CIFAR-100 FR
+26.31% (K=2).
 """
 from jaxdecouple.recipes import fdg_paper
 

@@ -1,6 +1,7 @@
 """FDG's gradient-shrinking sweep (the FDG paper's Figure 4a: ResNet-20 over beta, the bars that beat BP painted red;
-K = 2 is our inference, from Table 2's ResNet-20 row, whose best is Figure 4a's beta 0.2) at CPU scale: ResNet-8 at K = 2 on the CIFAR-10 JPEG copy with cpu_cifar10_converged's 30-epoch
-recipe, beta from 0.2 to 1. Shares that study's workdir: its BP, beta 1 and beta 0.5 runs are shown again."""
+K = 2 is our inference, from Table 2's ResNet-20 row, whose best is Figure 4a's beta 0.2) at CPU scale: ResNet-8 at
+K = 2 on the CIFAR-10 JPEG copy with cpu_cifar10_converged's 30-epoch recipe, beta from 0.2 to 1. Shares that
+study's workdir: its BP, beta 1 and beta 0.5 runs are shown again."""
 from jaxdecouple.papers import FDG
 from jaxdecouple.study.core import SEEDS, Claim, Run, Study, Sweep
 from jaxdecouple.study.definitions import cpu_cifar10_converged as main

@@ -4,10 +4,11 @@ the CIFAR-10 JPEG copy), sharing its workdir (its L = 50 runs at S = 2 and 4 are
 - Figure 7 / A.3, local iterations: L = 10, 50 (shown), 200, and single-shot averaging (one round at the end of
   training), for local SGD and ResIST at S = 2 (the paper's Figure 7 is on CIFAR-100; this sweep is on CIFAR-10);
 - A.1, the design ladder at S = 2, both ways: each design choice undone on its own from ResIST as built (the naive
-  partition: every section's blocks dealt out; no test-time scaling; post-activation blocks, postact_tiny_s3_9 of
-  the same depth; the first two are this study's split of the step A.1 takes jointly), and the paper's own ladder, cumulative: its first rung, the naive design with all three undone
-  at once ("70% on CIFAR10"), then selected blocks with test-time scaling on post-activation blocks (the
-  post-activation row), then pre-activation blocks (ResIST as built);
+  partition: every section's blocks dealt out; no test-time scaling; post-activation blocks, postact_tiny_s3_9 of the
+  same depth; the first two are this study's split of the step A.1 takes jointly), and the paper's own ladder,
+  cumulative: its first rung, the naive design with all three undone at once ("70% on CIFAR10"), then selected blocks
+  with test-time scaling on post-activation blocks (the post-activation row), then pre-activation blocks (ResIST as
+  built);
 - Table 7 / A.2, ensembles of independently trained sub-ResNets against ResIST at S = 2, 4 and 8;
 - A.1's minimum depth: S = 8, ResIST with sub-networks padded to 2 partitioned blocks, beside plain S = 8. The
   paper's S = 8 ResIST figure (Tables 2 and 7, 91.45%) is of runs with a minimum depth and a lowered L (its section
