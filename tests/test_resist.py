@@ -922,6 +922,8 @@ def test_the_table1_count_counts_encoded_bytes_both_ways_and_the_travelling_oute
     outer, _ = count(partition, outer_momentum=0.5)
     assert outer['total'] == pytest.approx(plain['total'] + (plain['total'] - shared_f32 if partition else 0))
     assert count(partition, outer_lr=0.7)[0]['total'] == pytest.approx(plain['total'])  # no momentum: nothing more
+    # SGD's momentum averaged with its parameters (replica.momentum='average'): one float32 more per parameter
+    assert count(partition, momentum='average')[0]['total'] == pytest.approx(2 * plain['total'])
 
 
 @pytest.mark.parametrize('overrides,field', [

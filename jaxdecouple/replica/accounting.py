@@ -20,8 +20,9 @@ def traffic_model(engine: Replica, params, round_index: int, bytes_per_param: fl
   ``bytes_per_param`` (float32), or at the A.5 codec's rate where it travels encoded, the same rate
   both ways (what is received is what was sent): with compressed weights every parameter, with
   compressed updates the shared layers only (a block changing owner travels whole, outer.py). With outer
-  momentum a block's momentum travels with it, one float32 more per block parameter each way. The
-  measured figures: ``last_traffic``."""
+  momentum a block's momentum travels with it, one float32 more per block parameter each way; with the SGD
+  momentum averaged (``momentum='average'``) it is averaged as its parameters are, one float32 more per
+  parameter, shared or not. The measured figures: ``last_traffic``."""
   spec, layout = engine.spec, engine.layout
   shared, blocks = layout.parameter_counts(params)
   sizes = np.array([blocks[n] for n in layout.partitioned], np.float64)
@@ -34,6 +35,9 @@ def traffic_model(engine: Replica, params, round_index: int, bytes_per_param: fl
   shared_rate = encoded if spec.compresses else bytes_per_param
   block_rate = encoded if spec.compresses and spec.compress == 'weights' else bytes_per_param
   if spec.outer_momentum and spec.average:  # the block's outer momentum rides along, float32
+    block_rate += bytes_per_param
+  if spec.momentum == 'average' and spec.average:  # SGD's momentum too, averaged like its parameter, float32
+    shared_rate += bytes_per_param
     block_rate += bytes_per_param
   sent = [shared * shared_rate + float(sizes @ now[w]) * block_rate for w in range(spec.num_workers)]
   received = [shared * shared_rate + float(sizes @ nxt[w]) * block_rate for w in range(spec.num_workers)]
