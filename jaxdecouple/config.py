@@ -14,7 +14,7 @@ def get_default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.method = 'bp'              # see jaxdecouple.methods.METHODS (each checks its own section below)
   c.model = 'resnet56'         # see jaxdecouple.models.MODEL_HELP
-  c.model_init = 'he'          # he (He fan-out convolutions) or torch (PyTorch's defaults, as the ResIST release)
+  c.model_init = 'he'          # he (He fan-out convolutions) or torch (PyTorch's defaults, as both papers' codes)
   c.model_head_norm = True     # pre-activation nets: BN-ReLU before the pooling (False: the ResIST release's head)
   c.scan_blocks = 0            # runs of at least N identical blocks run as one scanned loop (0: never);
                                # ResNet-1202 compiles in seconds instead of minutes (docs/PERFORMANCE.md)

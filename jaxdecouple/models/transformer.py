@@ -11,7 +11,8 @@ checkpoint, placement and method of the library works on it unchanged (models/co
   256), causal pre-norm blocks and a head of LN and a linear layer to the 256 next-byte logits (untied from the
   embedding, so the stem and the head can live on different stages).
 
-Initialisation as GPT-2 / nanoGPT: every kernel and embedding normal(0.02), biases zero, LayerNorm scale 1. No
+Initialisation after GPT-2 / nanoGPT: every kernel and embedding normal(0.02), biases zero, LayerNorm scale 1 (both
+also scale the residual projections' kernels by 1 / sqrt(2 x depth); these do not). No
 dropout (the runs here are short). Attention is written out (q, k, v projections, softmax in float32) so that
 mixed precision (``dtype`` bfloat16: activations and matrix products in bfloat16, parameters, LayerNorm
 statistics, softmax and the logits in float32) is explicit. There is no BatchNorm: a block's variables are

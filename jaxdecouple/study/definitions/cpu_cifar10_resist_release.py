@@ -61,5 +61,6 @@ def study() -> Study:
           'None of the three closes the gap between the methods: ResIST trails local SGD as built by +1.93 points, '
           "the release's by +2.01, and it trails in every setting here. The paper's ResIST configs now take all "
           "three (recipes.release_network, since the paper's figures come from the release's code and the paper "
-          "names none of them); the library's default stays He fan-out (the FDG and ResNet papers' "
-          "initialisation), and the CPU ResIST studies keep it, so their gaps stand as measured."))
+          "names none of them); the library's default stays He fan-out (He et al.'s, as torchvision's ResNets; the "
+          "FDG code, like the release, keeps PyTorch's defaults), and the CPU ResIST studies keep it, so their "
+          "gaps stand as measured."))
