@@ -154,8 +154,9 @@ def validate(config) -> None:
   if config.optim.warmup_epochs > config.num_epochs:
     fail('optim.warmup_epochs', f'{config.optim.warmup_epochs} is longer than the run (num_epochs='
          f'{config.num_epochs})')
-  if config.seed >= 2**63:
-    fail('seed', f'must be below 2**63, got {config.seed}')
+  if config.seed >= 2**32:  # jax.random.key keeps a seed's low 32 bits (without x64): 2**32 + 7 would be 7 again
+    fail('seed', "must be below 2**32 (JAX's random keys keep only a seed's low 32 bits, so a larger one would "
+         f"repeat a smaller one's initialisation and augmentation), got {config.seed}")
   if config.eval_batch_size > MAX_EVAL_BATCH:
     fail('eval_batch_size', f'{config.eval_batch_size} is more than {MAX_EVAL_BATCH}; the test set is evaluated '
          'in batches of at most its own size anyway (larger ones are only padding)')

@@ -25,6 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ('optim.warmup', 'cosine', 'config.optim.warmup'),
     ('batch_size', 12.5, 'config.batch_size: must be an integer'),
     ('optim.nesterov', 'yes', 'config.optim.nesterov: must be true or false'),
+    ('seed', 2**32 + 7, r'config.seed: must be below 2\*\*32 \(JAX.s random keys keep only a seed.s low 32 bits'),
 ])
 def test_bad_values_name_the_field(field, value, message):
   c = tiny_config()
