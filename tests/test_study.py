@@ -95,6 +95,32 @@ def test_runs_in_pieces_resumes_and_reports(tmp_path):
   assert f'| Shown again | {paired:+.2f}, n=2 |' in shown
 
 
+def test_wall_clock_counts_a_seed_that_never_reaches_the_target_as_the_slowest(tmp_path):
+  """The seconds to the row's target error: the median over a column's finished seeds, one that never reaches the
+  target counting as the slowest (not left out, which read fast); never where half or more never do."""
+  from jaxdecouple.study.curves import time_to_target_table
+  runs = [study_lib.Run('A', col, seed, build=None) for col in ('BP', 'M', 'N') for seed in (0, 1, 2)
+          if (col, seed) != ('N', 2)]
+  # per run: the test errors (%) of its two epochs, 100 s of training each; the medians of the final errors are
+  # 21, 21 and 23 (N: two seeds), so the row's target is 23
+  errors = {('BP', 0): (30, 20), ('BP', 1): (30, 21), ('BP', 2): (30, 22),   # 200, 200, 200
+            ('M', 0): (20, 20), ('M', 1): (30, 21), ('M', 2): (30, 25),      # 100, 200, never -> 200
+            ('N', 0): (20, 20), ('N', 1): (30, 26)}                          # 100, never -> never
+  workdir = str(tmp_path)
+  for run in runs:
+    folder = study_lib.run_dir(workdir, run)
+    os.makedirs(folder)
+    with open(os.path.join(folder, 'metrics.jsonl'), 'w') as f:
+      for epoch, error in enumerate(errors[(run.column, run.seed)], 1):
+        f.write(json.dumps({'kind': 'eval', 'step': epoch, 'epoch': epoch, 'test_accuracy': 1 - error / 100,
+                            'test_loss': 1.0, 'epoch_time_s': 100.0}) + '\n')
+    with open(os.path.join(folder, 'finished.json'), 'w') as f:
+      json.dump({'test_accuracy': 1 - errors[(run.column, run.seed)][-1] / 100}, f)
+  study = study_lib.Study('t', 'T', 'd', 'r', tuple(runs))
+  row = next(line for line in time_to_target_table(study, workdir) if line.startswith('| A |'))
+  assert row == '| A | 23.00 | 200 (200-200) | 200 (100-200), 1 never | never (n=2; 1 reached it) |', row
+
+
 def test_gaps_pair_seeds_and_checks_decide(tmp_path):
   """Gaps are medians of per-seed differences over the seeds both finished; checks read them."""
   rows = ('A, K=2', 'A, K=4')
@@ -118,14 +144,16 @@ def test_gaps_pair_seeds_and_checks_decide(tmp_path):
   assert study_lib.gap(study, workdir, 'A, K=2', 'M', 'BP') == (pytest.approx(1.5), 2)  # seed 2: no M, unpaired
   assert study_lib.gap(study, workdir, 'A, K=4', 'M', 'BP') == (pytest.approx(2.0), 2)
   lines = [study_lib.check(study, workdir, c) for c in claims]
-  # 3 seeds planned per cell: a verdict on 2 pairs says it is provisional, and which cells are short
-  short = lambda *cells: ' (provisional, fewer seeds than planned: ' + '; '.join(f'{c}, M: 2 of 3' for c in cells) + ')'
-  assert lines == ['- grows: **yes** (A, K=2: +1.50, n=2; A, K=4: +2.00, n=2)' + short('A, K=2', 'A, K=4'),
-                   '- shrinks: **no** (A, K=4: +2.00, n=2; A, K=2: +1.50, n=2)' + short('A, K=4', 'A, K=2'),
-                   '- close at 2: **met** (A, K=2: +1.50, n=2)' + short('A, K=2'),
-                   '- close at 4: **missed** (A, K=4: +2.00, n=2)' + short('A, K=4'),
+  # 3 seeds planned per cell: a verdict on 2 pairs says it is provisional, and which cells are short: at K=2 the
+  # column M (seed 2 missing), at K=4 its baseline BP (M has all three there)
+  short = lambda *cells: ' (provisional, fewer seeds than planned: ' + '; '.join(f'{c}: 2 of 3' for c in cells) + ')'
+  m2, bp4 = 'A, K=2, M', 'A, K=4, BP'
+  assert lines == ['- grows: **yes** (A, K=2: +1.50, n=2; A, K=4: +2.00, n=2)' + short(m2, bp4),
+                   '- shrinks: **no** (A, K=4: +2.00, n=2; A, K=2: +1.50, n=2)' + short(bp4, m2),
+                   '- close at 2: **met** (A, K=2: +1.50, n=2)' + short(m2),
+                   '- close at 4: **missed** (A, K=4: +2.00, n=2)' + short(bp4),
                    '- vs nobody: waiting for runs (A, K=2: -)',
-                   '- near 11.5: **met** (A, K=2: 12.50 (11.00-14.00), n=2, +1.00 from 11.50)' + short('A, K=2'),
+                   '- near 11.5: **met** (A, K=2: 12.50 (11.00-14.00), n=2, +1.00 from 11.50)' + short(m2),
                    '- near 14.5: **missed** (A, K=4: 13.00 (13.00-20.00), n=3, -1.50 from 14.50)',
                    '- near nothing: waiting for runs (A, K=2: -)']
   # a baseline from another row: M at K=4 against M at K=2, paired by seed (13 - 11, 13 - 14; seed 2 unpaired)
@@ -679,7 +707,8 @@ def test_every_reading_quotes_figures_of_its_own_tables():
     tables, printed = sections[name].split(READING)  # the section prints it (its runs have finished)
     for paragraph in study.reading:
       assert f'- {paragraph}' in printed
-      for figure in re.findall(r'[+-]?\d+\.\d+', paragraph):
+      # decimals, and whole seconds ('4606 s of training': the wall-clock table's cells)
+      for figure in re.findall(r'[+-]?\d+\.\d+', paragraph) + re.findall(r'(?<![\d.,])(\d{3,}) s\b', paragraph):
         assert re.search(rf'(?<![\d.]){re.escape(figure)}(?![\d])', tables), (name, figure, paragraph[:60])
         read += 1
   assert read >= 10

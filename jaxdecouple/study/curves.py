@@ -49,8 +49,8 @@ def best_accuracy_table(study: Study, workdir: str) -> list[str]:
     return ['-' if not best else f'{statistics.mean(best):.2f}'
             + (f' ± {statistics.stdev(best):.2f}' if len(best) > 1 else '') + f', n={len(best)}',
             f'{100 - study.paper[(row, col)]:.2f}' if (row, col) in study.paper else '-']
-  return _curves_table(study, workdir, "Best test accuracy (%) over each run's evaluations, mean ± standard deviation "
-                       "over the finished seeds (the ResIST paper's way), the paper's accuracy beside it:",
+  return _curves_table(study, workdir, "Best test accuracy (%) over each run's evaluations, mean ± sample standard "
+                       "deviation (n - 1) over the finished seeds (the ResIST paper's way), the paper's accuracy beside it:",
                        ('', 'paper'), cells)
 
 
@@ -69,7 +69,7 @@ def detection_table(study: Study, workdir: str) -> list[str]:
                                                                  else '') + f', n={len(best)}',
             '-' if paper is None else f'{paper:.2f}', f'{statistics.median(maps):.2f}' if maps else '-']
   return _curves_table(study, workdir, "Best test loss (the YOLO-v2 loss per image) over each run's evaluations, mean ± "
-                       "standard deviation over the finished seeds (the ResIST paper's Table 6 way), the paper's beside "
+                       "sample standard deviation (n - 1) over the finished seeds (the ResIST paper's Table 6 way), the paper's beside "
                        'it; and the mAP (%, VOC 2007, IoU 0.5) at the last evaluation, median over the seeds:',
                        ('', 'paper', 'mAP'), cells)
 
@@ -95,8 +95,8 @@ def detection_seconds_table(study: Study, workdir: str) -> list[str]:
     paper_speed = (f'{printed:.2f}' if printed is not None else
                    f'{paper_base / paper:.2f}' if paper and paper_base and base_col != col else '-')
     return [mean(ours), '-' if paper is None else f'{paper:.0f}', speed, paper_speed]
-  return _curves_table(study, workdir, "Training seconds (compilation and evaluation not counted), mean ± standard "
-                       "deviation over the finished seeds, Table 6's beside them; the speed-up is the row's baseline's "
+  return _curves_table(study, workdir, "Training seconds (compilation and evaluation not counted), mean ± sample "
+                       "standard deviation (n - 1) over the finished seeds, Table 6's beside them; the speed-up is the row's baseline's "
                        "mean seconds over the column's. Ours ran on one CPU device shared by the workers (and with "
                        '--jobs, by another run): a ResIST worker computes its smaller sub-network, but no exchange '
                        "crosses a device, so these seconds hold none of the communication that Table 6's "
@@ -164,12 +164,13 @@ def uncounted_resumes(folder: str) -> list[int]:
 
 def time_to_target_table(study: Study, workdir: str) -> list[str]:
   """Per row, the training seconds each column took to reach the row's target error: the highest of the
-  columns' median final errors, which every column reaches."""
+  columns' median final errors, which every column's median run reaches; a seed that never reaches it counts as
+  the slowest (the median of [never, 1173, 863] is 1173, of [never, 1716] never)."""
   from jaxdecouple.plots import learning_curves, time_to
   lines = ['Accuracy against wall-clock: training seconds (the sum of the evaluated epochs\' training time; '
            'compilation, evaluation and diagnostics not counted) to reach the row\'s target, the highest of its '
-           'columns\' median final test errors, so that every column reaches it; median over the finished seeds '
-           '(min-max). Measured on the machines above (which runs ran where: their lines), where runs started with '
+           'columns\' median final test errors, which every column\'s median run reaches; median over the finished '
+           'seeds, a seed that never reaches the target counting as the slowest (min-max of those that do). Measured on the machines above (which runs ran where: their lines), where runs started with '
            '--jobs share the cores: compare runs of one machine, not with the papers\' GPUs.', '',
            '| row | target error (%) | ' + ' | '.join(study.columns) + ' |', '|' + '---|' * (2 + len(study.columns))]
   for row in study.rows:
@@ -183,9 +184,14 @@ def time_to_target_table(study: Study, workdir: str) -> list[str]:
     for col in study.columns:
       times = [time_to(run_dir(workdir, r), target) for r in finished.get(col, [])]
       reached = sorted(t for t in times if t is not None)
-      cells.append('-' if not times else f'{statistics.median(reached):.0f} ({reached[0]:.0f}-{reached[-1]:.0f})'
-                   + ('' if len(reached) == len(times) else f', {len(times) - len(reached)} never') if reached
-                   else f'never (n={len(times)})')
+      median = statistics.median([math.inf if t is None else t for t in times]) if times else None
+      if median is None:
+        cells.append('-')
+      elif math.isinf(median):
+        cells.append(f'never (n={len(times)}' + (f'; {len(reached)} reached it' if reached else '') + ')')
+      else:
+        cells.append(f'{median:.0f} ({reached[0]:.0f}-{reached[-1]:.0f})'
+                     + ('' if len(reached) == len(times) else f', {len(times) - len(reached)} never'))
     lines.append('| ' + ' | '.join(cells) + ' |')
   short = [f'{r.row}, {r.column}, seed {r.seed} (step{"s" * (len(steps) > 1)} {", ".join(map(str, steps))})' for r in study.runs
            if is_finished(workdir, r) for steps in [uncounted_resumes(run_dir(workdir, r))] if steps]

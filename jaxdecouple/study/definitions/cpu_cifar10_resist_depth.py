@@ -32,9 +32,9 @@ READING = (
     'Depth changes little for either method: local SGD 24.30% against 23.65% on the shallow proxy, ResIST 27.81% '
     'against 27.00% (medians; best accuracies 76.03 and 72.59 against 75.73 and 72.93). Both have levelled off by '
     'the last epoch (its last 20% of epochs moves the error by -0.57 and -0.44 points). A deep local SGD run trains '
-    '26 blocks a worker against ResIST\'s 9 or 10, and ResIST reaches the row\'s target sooner (4606 s of '
-    'training against 6724, medians over runs on two AMD EPYC hosts, one about twice as fast as the other), but '
-    'ends worse.',
+    '26 blocks a worker against ResIST\'s 9 or 10, and ResIST reaches the row\'s target sooner (5714 s of '
+    'training against 6724, medians over runs on two AMD EPYC hosts, one about twice as fast as the other; one '
+    'ResIST seed never reaches it and counts as the slowest), but ends worse.',
     "So the shallow proxy is not why ResIST misses issue 42's target here: what depth leaves as it is, each "
     'partitioned block trained on one worker\'s batches a round (a quarter of them at S=4), is. Whether the '
     "paper's half point needs its ResNet-101 trained for 80-160 epochs, these 8-epoch runs cannot say.",
