@@ -299,7 +299,7 @@ class Averaging:
           total = total + jnp.where(member[w][:, None], rows[w * g.slots + jnp.maximum(position[w], 0)], 0.0)
         blocks = total / jnp.maximum(jnp.sum(member, axis=0), 1)[:, None].astype(jnp.float32)
       else:
-        blocks = self._closing_blocks(rows, member, jnp.asarray(following)[:, g.columns], params, g)
+        blocks = self._closing_blocks(rows, member, position, jnp.asarray(following)[:, g.columns], params, g)
       template = (params[g.key], stats.get(g.key, {}))
       flat, treedef = jax.tree_util.tree_flatten(template)
       p, s = jax.tree_util.tree_unflatten(treedef, [cols.reshape(-1, *x.shape[2:]).astype(x.dtype)
@@ -312,14 +312,13 @@ class Averaging:
     ordered = lambda tree: {n: tree[n] for n in sorted(tree, key=order.__getitem__)}
     return ordered(out_params), ordered(out_stats)
 
-  def _closing_blocks(self, rows, member, following, params, g: SlotGroup):
+  def _closing_blocks(self, rows, member, position, following, params, g: SlotGroup):
     """Group g's blocks (P, R) as ``closing`` says: each holder's row as it would arrive at each next owner
     (itself: as it is; another worker: through the codec, its parameter segments compressed), averaged."""
     sizes = [int(np.prod(x.shape[2:])) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
              if in_slots(path, g.key)]
     coded = wire.Codec(sizes, rows.shape[1], self.quantize_bits, self.sparsify)
     arrived = coded.decode(coded.encode(rows))
-    position = jnp.cumsum(member, axis=1) - 1
     owners = jnp.sum(following, axis=0).astype(jnp.float32)  # |O| per block
     share = owners * jnp.maximum(jnp.sum(member, axis=0), 1).astype(jnp.float32)  # |O| |H|
     total = 0.0
