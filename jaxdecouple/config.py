@@ -84,6 +84,9 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.optim.trust_coefficient = 0.001  # lars
   c.optim.muon_beta = 0.95     # muon: momentum of the orthogonalised matrices
   c.optim.ns_steps = 5         # muon: Newton-Schulz iterations
+  c.optim.muon_ends = 'muon'   # muon: the first and last blocks' kernels (stem or patch embedding, classifier) to
+  #                              Muon (optax's default, every kernel) or to Muon's Adam ('adam', as Muon's authors
+  #                              train: only hidden layers orthogonalised)
   c.optim.milestones = (150, 225, 275)  # epochs at which lr *= decay_factor
   c.optim.decay_factor = 0.1
   c.optim.decay_steps = 0.0    # > 0: lr / sqrt(1 + t / decay_steps) at iteration t instead of milestones (the

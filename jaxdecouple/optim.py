@@ -13,6 +13,7 @@ before its momentum, this one after (PyTorch's convention): the same while the r
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -25,6 +26,7 @@ from jaxdecouple.errors import fail
 
 WARMUPS = ('none', 'constant', 'linear')
 OPTIMIZERS = ('sgd', 'adamw', 'lamb', 'lars', 'muon')
+MUON_ENDS = ('muon', 'adam')  # optim.muon_ends: where Muon sends the kernels of the network's first and last blocks
 
 
 class Optimizer(NamedTuple):
@@ -52,14 +54,18 @@ def _stacked_axes(path) -> int:
   return sum(1 for k in keys if '..' in k or k == 'slots' or k.startswith('slots_'))
 
 
-def muon_dimensions(params):
+def muon_dimensions(params, adam_blocks: frozenset[str] = frozenset()):
   """Muon orthogonalises the matrices a layer multiplies by: a kernel (dense (in, out), convolution (h, w, in,
   out)) as the (everything but out, out) matrix, stacked copies (a scanned run, a worker's slots) each on
-  its own; every other leaf (biases, BatchNorm) goes to Muon's Adam."""
+  its own; every other leaf (biases, BatchNorm, embeddings) goes to Muon's Adam, and so does every leaf of the
+  blocks named in ``adam_blocks`` (``optim.muon_ends='adam'``: the chain's first and last blocks, its stem or
+  embedding and its classifier). Every optimizer here sees a tree keyed by block name at its top (a stage's,
+  a replica worker's, BP's whole network), so a block is found by its name wherever the network is cut."""
   def dims(path, x):
     name = path[-1].key if path and isinstance(path[-1], jax.tree_util.DictKey) else None
+    top = path[0].key if path and isinstance(path[0], jax.tree_util.DictKey) else None
     lead = _stacked_axes(path)
-    if name != 'kernel' or x.ndim - lead < 2:
+    if name != 'kernel' or x.ndim - lead < 2 or top in adam_blocks:
       return None
     return contrib.MuonDimensionNumbers(tuple(range(lead, x.ndim - 1)), x.ndim - 1)
   return jax.tree_util.tree_map_with_path(dims, params)
@@ -106,9 +112,10 @@ def scale_by_torch_nadam(b1: float, b2: float, eps: float, momentum_decay: float
   return optax.GradientTransformation(init, update)
 
 
-def direction(o) -> list[optax.GradientTransformation]:
+def direction(o, ends: tuple[str, ...] = ()) -> list[optax.GradientTransformation]:
   """The optimizer's update direction with learning rate 1 (before the step's rate), from optax's own
-  transforms and aliases."""
+  transforms and aliases. ``ends``: the names of the network's first and last blocks, which Muon leaves to its
+  Adam with ``optim.muon_ends='adam'``."""
   if o.name == 'sgd':  # torch.optim.SGD: L2 added to the gradient, then momentum
     return [optax.add_decayed_weights(o.weight_decay), optax.trace(decay=o.momentum, nesterov=o.nesterov)]
   if o.name == 'adamw' and o.get('momentum_decay', 0.0) > 0:  # PyTorch's NAdam, decoupled weight decay (AdamW's)
@@ -121,9 +128,10 @@ def direction(o) -> list[optax.GradientTransformation]:
     tx = optax.lars(1.0, weight_decay=o.weight_decay, trust_coefficient=o.trust_coefficient, momentum=o.momentum,
                     nesterov=o.nesterov)
   elif o.name == 'muon':
+    adam_blocks = frozenset(ends if o.get('muon_ends', 'muon') == 'adam' else ())
     tx = contrib.muon(1.0, ns_steps=o.ns_steps, beta=o.muon_beta, eps=o.eps, weight_decay=o.weight_decay,
                       nesterov=o.nesterov, adam_b1=o.b1, adam_b2=o.b2, adam_weight_decay=o.weight_decay,
-                      muon_weight_dimension_numbers=muon_dimensions)
+                      muon_weight_dimension_numbers=functools.partial(muon_dimensions, adam_blocks=adam_blocks))
   else:
     raise ValueError(f'unknown optimizer {o.name!r}; one of {", ".join(OPTIMIZERS)}')
   return [tx, optax.scale(-1.0)]  # the alias ends with -lr = -1: the step's rate adds the sign again
@@ -150,6 +158,9 @@ def validate(o) -> None:
          f'got optim.name={o.name} and optim.nesterov={o.nesterov}; set optim.momentum_decay=0')
   if o.nesterov and o.name == 'lamb':
     fail('optim.nesterov', "optax's lamb has no Nesterov form (sgd, adamw, lars and muon do); leave it false with lamb")
+  if o.get('muon_ends', 'muon') not in MUON_ENDS:
+    fail('optim.muon_ends', f"{o.muon_ends!r} is not allowed; choose muon (every kernel, optax's default) or adam "
+         "(the first and last blocks' kernels to Muon's Adam, as Muon's authors train)")
   if o.ns_steps < 1:
     fail('optim.ns_steps', f'must be at least 1 (Newton-Schulz iterations), got {o.ns_steps!r}')
 
@@ -157,13 +168,13 @@ def validate(o) -> None:
 # each optimizer's own hyper-parameters, as the start-up log names them (the schedule's are described apart)
 HYPERPARAMETERS = {'sgd': ('momentum', 'nesterov'), 'adamw': ('b1', 'b2', 'eps', 'nesterov', 'momentum_decay'),
                    'lamb': ('b1', 'b2', 'eps'), 'lars': ('momentum', 'nesterov', 'trust_coefficient'),
-                   'muon': ('muon_beta', 'ns_steps', 'nesterov', 'b1', 'b2', 'eps')}
+                   'muon': ('muon_beta', 'ns_steps', 'nesterov', 'b1', 'b2', 'eps', 'muon_ends')}
 
 
 def describe(o) -> str:
   """One start-up line: the optimizer with its own settings and weight decay, and the learning-rate schedule,
   so a run's log says what it trained with (the config file may set what the command line did not)."""
-  own = ', '.join(f'{f} {o[f]}' for f in HYPERPARAMETERS[o.name] if f != 'momentum_decay' or o.get(f, 0.0))
+  own = ', '.join(f'{f} {o[f]}' for f in HYPERPARAMETERS[o.name] if f in o and (f != 'momentum_decay' or o[f]))
   if o.name == 'adamw' and o.get('momentum_decay', 0.0):
     own += " (PyTorch's NAdam)"
   if o.decay_steps:
@@ -178,9 +189,10 @@ def describe(o) -> str:
   return f'optimizer {o.name} ({own}, weight decay {o.weight_decay}); {decay}{warmup}'
 
 
-def make_optimizer(optim_config) -> Optimizer:
-  """``optim_config.name``'s optimizer; the step's learning rate is an argument of ``update``."""
-  tx = optax.chain(*direction(optim_config), scale_by_step_learning_rate())
+def make_optimizer(optim_config, ends: tuple[str, ...] = ()) -> Optimizer:
+  """``optim_config.name``'s optimizer; the step's learning rate is an argument of ``update``. ``ends``: the
+  network's first and last block names (see ``direction``)."""
+  tx = optax.chain(*direction(optim_config, ends), scale_by_step_learning_rate())
 
   def update(grads, opt_state, params, lr):
     updates, opt_state = tx.update(grads, opt_state, params, learning_rate=jnp.asarray(lr, jnp.float32))

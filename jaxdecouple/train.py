@@ -91,7 +91,7 @@ def build_setup(config, dataset) -> Setup:
                       anchors=dataset.anchors)
   steps_per_epoch = len(dataset.x_train) // config.batch_size
   return Setup(config=config, model=model, preprocess=preprocess_for(dataset, config.data),
-               optimizer=make_optimizer(config.optim),
+               optimizer=make_optimizer(config.optim, ends=(model.chain.names[0], model.chain.names[-1])),
                schedule=make_schedule(config.optim, steps_per_epoch),
                steps_per_epoch=steps_per_epoch, devices=jax.devices())
 

@@ -93,7 +93,8 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True, 
   compressed (``numpy_compress``), the error kept, the arrivals averaged. ``close``: the round under way at
   the last step ends there too (what evaluation scores mid-round). ``tx``: an optax transformation (its learning
   rate inside, constant) in place of SGD, each worker's state of it per block, restarted with the momentum
-  every round (a block's state is its own: Adam's moments and step count, Muon's per matrix). Returns each
+  every round (a block's state is its own: Adam's moments and step count, Muon's per matrix), or a dict of them
+  by block name (each block stepped by its own). Returns each
   worker's variables (every
   block, as this reference keeps them all) and under 'stored' the names of the blocks the worker holds in the
   round the last step left it in: the shared ones and its own partitioned ones."""
@@ -106,9 +107,12 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True, 
   init = model.init(jax.random.key(config.seed), jnp.zeros((1, *ds.image_shape)))
   params = [dict(init['params']) for _ in range(S)]  # one dict per worker: blocks are replaced in it
   stats = [init['batch_stats'] for _ in range(S)]
-  tx_update = jax.jit(tx.update) if tx else None  # optax's own update, compiled once per block's shapes (Muon's
-  # Newton-Schulz loop is a scan, traced again at every eager call)
-  restart = lambda: ({n: tx.init(v) for n, v in init['params'].items()} if tx
+  tx_of = (tx if isinstance(tx, dict) else dict.fromkeys(init['params'], tx)) if tx else None
+  # optax's own update, compiled once per transformation and block shapes (Muon's Newton-Schulz loop is a scan,
+  # traced again at every eager call)
+  jitted = {id(t): jax.jit(t.update) for t in tx_of.values()} if tx else {}
+  tx_update = lambda n, *a: jitted[id(tx_of[n])](*a)
+  restart = lambda: ({n: tx_of[n].init(v) for n, v in init['params'].items()} if tx
                      else jax.tree.map(jnp.zeros_like, init['params']))
   momentum = [restart() for _ in range(S)]  # each worker's SGD momentum (or optax state) per block
   lr_out, mu, updates = r.outer_lr, r.outer_momentum, r.compress == 'updates'
@@ -162,7 +166,7 @@ def reference_replica(config, steps, partition=True, average=True, redraw=True, 
                                                                         jnp.asarray(ds.y_train[idx]))
       for n in run:
         if tx:
-          step, momentum[w][n] = tx_update(grads[n], momentum[w][n], params[w][n])
+          step, momentum[w][n] = tx_update(n, grads[n], momentum[w][n], params[w][n])
           params[w][n] = optax.apply_updates(params[w][n], step)
         else:
           params[w][n], momentum[w][n] = sgd_step(params[w][n], momentum[w][n], grads[n], lr)
