@@ -15,7 +15,7 @@ def adl_config(k, m, mode='B', steps=12, **kw):
                         'pipeline.beta': 0.5, 'optim.learning_rate': 0.005, **kw})
 
 
-def reference_adl(config, steps, mode=None, predict=None):
+def reference_adl(config, steps, mode=None, predict=None, last_waits=True):
   """ADL written from the SPEC, one stage at a time, with explicit histories and counters.
 
   The schedule is FDG's: at iteration t stage k < K-1 back-propagates micro-batch t-2K+2+k (through
@@ -23,16 +23,18 @@ def reference_adl(config, steps, mode=None, predict=None):
   gradient) and forwards micro-batch t-k; the last stage trains on micro-batch t-K+1. Every stage
   adds each parameter gradient to its accumulator and counts them from its first; when the count
   since its last step reaches M it takes one SGD step with the sum at the learning rate of that
-  iteration (the last stage only once stage K-2 has been sent a gradient). Mode B: the step comes
-  before the forward of the new micro-batch; mode A: after it. ``predict`` ({stage: s}): weight prediction, the
-  forward (and the backward through it) at W + s * Δ, Δ the stage's last step.
+  iteration. The last stage steps only in an iteration in which stage K-2 back-propagates (the ADL code's
+  ``receive_grad``): mode A's step closes its iteration; mode B's, which the code takes at the start of the
+  next iteration, is taken here at the end of this one when stage K-2 back-propagates in that next one. Mode B:
+  the step comes before the forward of the new micro-batch; mode A: after it. ``predict`` ({stage: s}): weight
+  prediction, the forward (and the backward through it) at W + s * Δ, Δ the stage's last step.
+  ``last_waits=False``: the last stage steps whenever its count reaches M (a wrong reference, for sharpness).
   """
   K, beta, M = config.pipeline.num_stages, config.pipeline.beta, config.pipeline.accumulation
   mode = mode or config.pipeline.adl_mode
   ref = SequentialStages(config)
   inputs, met, deltas = [{} for _ in range(K)], [{} for _ in range(K)], [{} for _ in range(K)]
   labels, acc, count = {}, [None] * K, [0] * K
-  sent_to_second_last = False
   last_step = [jax.tree.map(jnp.zeros_like, p) for p in ref.params]
 
   def accumulate(k, grads, lr, may_step=True):
@@ -72,8 +74,9 @@ def reference_adl(config, steps, mode=None, predict=None):
       (gp, gx), ref.stats[K - 1] = jax.grad(loss, argnums=(0, 1), has_aux=True)(
           ref.params[K - 1], inputs[K - 1][m])
       if K > 1:
-        deltas[K - 2][m], sent_to_second_last = gx, True
-      accumulate(K - 1, gp, lr, may_step=sent_to_second_last or K == 1)
+        deltas[K - 2][m] = gx
+      second_last_backprops = lambda i: i - 2 * K + 2 + (K - 2) >= 0  # stage K-2's micro-batch at iteration i
+      accumulate(K - 1, gp, lr, may_step=K == 1 or not last_waits or second_last_backprops(t if mode == 'A' else t + 1))
   return ref.variables()
 
 
@@ -83,7 +86,7 @@ def adl_2_2_b(tmp_path_factory):
   return train_and_evaluate(adl_config(2, 2, 'B'), str(tmp_path_factory.mktemp('adl') / 'run'))
 
 
-@pytest.mark.parametrize('k,m,mode', [(1, 2, 'B'), (2, 2, 'B'), (3, 2, 'B'), (3, 3, 'A')])
+@pytest.mark.parametrize('k,m,mode', [(1, 2, 'B'), (2, 2, 'B'), (3, 2, 'B'), (3, 3, 'A'), (2, 1, 'A'), (3, 1, 'A')])
 def test_adl_matches_the_sequential_reference(k, m, mode, workdir, request):
   config = adl_config(k, m, mode)
   if (k, m, mode) == (2, 2, 'B'):
@@ -92,6 +95,9 @@ def test_adl_matches_the_sequential_reference(k, m, mode, workdir, request):
     result = train_and_evaluate(config, workdir)
   assert result.step == 12
   assert_trees_close(result.variables, reference_adl(config, 12), tol=5e-4)
+  if m == 1 and mode == 'A':  # sharp: the last stage's wait (one step fewer, at iteration K) is seen
+    with pytest.raises(AssertionError, match='max error'):
+      assert_trees_close(result.variables, reference_adl(config, 12, last_waits=False), tol=5e-4)
 
 
 def test_the_comparison_is_sharp(adl_2_2_b):

@@ -71,6 +71,21 @@ ADL = {
           .   .   .     F0    F1*   F2    F3*   F4    F5*   F6""",
 }
 
+# ADL mode A, M = 1: FDG's table, but the last stage steps only once stage K-2 has received its first gradient
+# (SPEC; the ADL code's receive_grad): its first step, at iteration K, sums its backwards of K-1 and K.
+ADL_A_M1 = {
+    1: FDG[1],
+    2: """F0  F1  F2B0* F3B1* F4B2* F5B3*
+          .   F0  F1*   F2*   F3*   F4*""",
+    3: """F0  F1  F2    F3    F4B0* F5B1* F6B2*
+          .   F0  F1    F2B0* F3B1* F4B2* F5B3*
+          .   .   F0    F1*   F2*   F3*   F4*""",
+    4: """F0  F1  F2    F3    F4    F5    F6B0* F7B1* F8B2*
+          .   F0  F1    F2    F3    F4B0* F5B1* F6B2* F7B3*
+          .   .   F0    F1    F2B0* F3B1* F4B2* F5B3* F6B4*
+          .   .   .     F0    F1*   F2*   F3*   F4*   F5*""",
+}
+
 
 def parse(table: str):
   rows = []
@@ -101,6 +116,9 @@ def test_schedules_follow_the_papers(k):
   check(Schedule(k, local_heads=True), DGL[k])
   check(Schedule(k, accumulation=2), ADL[k])
   check(Schedule(k, accumulation=2, forward_first=True), ADL[k])  # mode A: the same order of work
+  check(Schedule(k, accumulation=1, forward_first=True), ADL_A_M1[k])  # mode A, M = 1: the last stage waits
+  check(Schedule(k, accumulation=1), FDG[k])  # mode B, M = 1: FDG (its wait never binds)
+  assert [Schedule(k, forward_first=True).accumulates(j) for j in range(k)] == [j == k - 1 > 0 for j in range(k)]
   assert [Schedule(k).delay(j) for j in range(k)] == [2 * (k - 1 - j) for j in range(k)]
   assert [Schedule(k, forward_locked=True).delay(j) for j in range(k)] == [k - 1 - j for j in range(k)]
 

@@ -73,12 +73,26 @@ class Schedule:
     return self.arrives(k, 0) + self.delay(k)
 
   def updates_at(self, k: int, t: int) -> bool:
-    """Whether stage k takes an optimizer step at iteration t: every M-th backward, counted from its first."""
-    first = self.first_backward(k)
-    return t >= first and (t - first + 1) % self.accumulation == 0
+    """Whether stage k takes an optimizer step at iteration t: every M-th backward, counted from its first (and
+    from its first update, where a wait delayed that one: see ``first_update``)."""
+    first = self.first_update(k)
+    return t >= first and (t - first) % self.accumulation == 0
 
   def first_update(self, k: int) -> int:
-    return self.first_backward(k) + self.accumulation - 1
+    """The M-th backward, or later where the last stage waits (ADL): it steps only once stage K-2 has received
+    its first gradient (SPEC; the ADL code's ``receive_grad``, True in an iteration in which stage K-2
+    back-propagated). In mode A that is stage K-2's first backward, iteration K, and binds at M = 1 only: the
+    last stage's first step, at K, sums its backwards of K-1 and K. In mode B the code steps at the start of the
+    next iteration, after stage K-2's backward of it; here the same step ends the iteration before (the
+    parameters every forward meets are the same), so the wait never binds."""
+    first = self.first_backward(k) + self.accumulation - 1
+    if self.forward_first and k == self.last and k > 0 and self.source(k - 1) == 'neighbour':
+      first = max(first, self.first_backward(k - 1))
+    return first
+
+  def accumulates(self, k: int) -> bool:
+    """Whether stage k keeps an accumulator: M > 1, or a first step that sums several backwards (above)."""
+    return self.accumulation > 1 or self.first_update(k) > self.first_backward(k)
 
   def staleness(self, k: int) -> float:
     """Optimizer steps stage k takes between its forward of a micro-batch and the step that micro-batch's

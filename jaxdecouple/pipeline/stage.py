@@ -44,7 +44,7 @@ class StageState(NamedTuple):
   ring: tuple          # delay slots, each the kept forward of one micro-batch as a tuple of arrays
   inbox: tuple         # (activation, labels) sent up by stage k-1 last iteration; () if none comes
   grad_inbox: tuple    # (gradient,) sent down by stage k+1 last iteration; () if none comes
-  accum: Any = ()      # summed parameter gradients not yet applied (accumulation > 1), else ()
+  accum: Any = ()      # summed parameter gradients not yet applied (Schedule.accumulates), else ()
   aux: Any = ()        # local head: its auxiliary classifier's AuxHeadState, else ()
   corrector: Any = ()  # a delayed stage's staleness corrector's CorrectorState (correctors.py), else ()
 
@@ -112,7 +112,7 @@ class Stage:
     c = self.corrector
     if c is not None:
       grads = c.gradient(grads, params, then)
-    if self.schedule.accumulation > 1:
+    if self.schedule.accumulates(self.index):
       grads = jax.tree.map(jnp.add, accum, grads)
       if not apply:
         return params, opt_state, grads, last_update
