@@ -1,5 +1,7 @@
 """Optimizers as a config choice: SGD keeps its numbers bit for bit; AdamW, LAMB, LARS and Muon under FDG
 K = 2 equal a sequential reference that uses optax's own aliases directly; their states resume exactly."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -219,6 +221,30 @@ def test_muon_orthogonalises_every_kernel_and_stacked_ones_slot_by_slot():
   assert dims['conv']['kernel'] == optax.contrib.MuonDimensionNumbers((0, 1, 2), 3) and dims['conv']['bias'] is None
   assert dims['head']['kernel'] == optax.contrib.MuonDimensionNumbers((0,), 1)
   assert dims['slots']['conv']['kernel'] == optax.contrib.MuonDimensionNumbers((1, 2, 3), 4)  # axis 0: the slots
+
+
+@pytest.mark.parametrize('model,scan', [('resnet20', 3), ('vit_tiny', 0)])
+def test_muon_ends_adam_moves_exactly_the_first_and_last_blocks_kernels(model, scan):
+  """optim.muon_ends=adam on whole networks, a scanned ResNet's ('s1b1..s1b2' stacked) and a ViT's (its patch
+  embedding a convolution kernel in its first block, its classifier a dense one in its last): every kernel of the
+  first and last blocks goes to Adam, every other kernel keeps its matrix, stacked runs included; the default
+  split keeps them all. Without the block names the option refuses to build rather than fall back."""
+  from jaxdecouple.models import build_model
+  from jaxdecouple.optim import direction, muon_dimensions
+  net = build_model(model, 10, scan_min=scan)
+  shape = (1, 32, 32, 3)
+  params = jax.eval_shape(lambda: net.init(jax.random.key(0), jnp.zeros(shape)))['params']
+  ends = {net.chain.names[0], net.chain.names[-1]}
+  split, default = muon_dimensions(params, frozenset(ends)), muon_dimensions(params)
+  kernels = [p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0] if p[-1].key == 'kernel']
+  at = lambda tree, path: functools.reduce(lambda t, k: t[k.key], path, tree)
+  assert {p[0].key for p in kernels} >= ends  # both ends hold a kernel here
+  assert not scan or any('..' in p[0].key for p in kernels)  # and a scanned run is among the blocks
+  for p in kernels:
+    assert at(default, p) is not None
+    assert (at(split, p) is None) == (p[0].key in ends), jax.tree_util.keystr(p)
+  with pytest.raises(ValueError, match='muon_ends'):
+    direction(tiny_config(**{'optim.name': 'muon', 'optim.muon_ends': 'adam'}).optim)
 
 
 def hidden_kernels_only(params):
