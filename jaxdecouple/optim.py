@@ -128,9 +128,10 @@ def direction(o, ends: tuple[str, ...] = ()) -> list[optax.GradientTransformatio
     tx = optax.lars(1.0, weight_decay=o.weight_decay, trust_coefficient=o.trust_coefficient, momentum=o.momentum,
                     nesterov=o.nesterov)
   elif o.name == 'muon':
-    adam_blocks = frozenset(ends if o.get('muon_ends', 'muon') == 'adam' else ())
-    if o.get('muon_ends', 'muon') == 'adam' and not ends:  # a caller's slip, not a user's: never the default split
+    ends_to_adam = o.get('muon_ends', 'muon') == 'adam'
+    if ends_to_adam and not ends:  # a caller's slip, not a user's: never the default split in its place
       raise ValueError("optim.muon_ends='adam' needs the network's first and last block names (ends=...)")
+    adam_blocks = frozenset(ends if ends_to_adam else ())
     tx = contrib.muon(1.0, ns_steps=o.ns_steps, beta=o.muon_beta, eps=o.eps, weight_decay=o.weight_decay,
                       nesterov=o.nesterov, adam_b1=o.b1, adam_b2=o.b2, adam_weight_decay=o.weight_decay,
                       muon_weight_dimension_numbers=functools.partial(muon_dimensions, adam_blocks=adam_blocks))
