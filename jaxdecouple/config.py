@@ -86,7 +86,7 @@ def get_default_config() -> ml_collections.ConfigDict:
   c.optim.ns_steps = 5         # muon: Newton-Schulz iterations
   c.optim.muon_ends = 'muon'   # muon: the first and last blocks' kernels (stem or patch embedding, classifier) to
   #                              Muon (optax's default, every kernel) or to Muon's Adam ('adam', as Muon's authors
-  #                              train: only hidden layers orthogonalised)
+  #                              train: only hidden layers orthogonalised; DGL's auxiliary classifiers to Adam too)
   c.optim.milestones = (150, 225, 275)  # epochs at which lr *= decay_factor
   c.optim.decay_factor = 0.1
   c.optim.decay_steps = 0.0    # > 0: lr / sqrt(1 + t / decay_steps) at iteration t instead of milestones (the

@@ -37,6 +37,13 @@ class Optimizer(NamedTuple):
   """
   init: Callable[[Any], Any]
   update: Callable[..., tuple[Any, Any]]
+  head: Any = None  # a local auxiliary classifier's optimizer (DGL's heads; None: this one), see for_head
+
+  @property
+  def for_head(self) -> 'Optimizer':
+    """The optimizer of a stage's auxiliary classifier (DGL): this one, except with ``optim.muon_ends='adam'``,
+    where a head is a classifier, an end of the network it trains, and goes wholly to Muon's Adam."""
+    return self.head if self.head is not None else self
 
 
 def scale_by_step_learning_rate() -> optax.GradientTransformationExtraArgs:
@@ -112,10 +119,11 @@ def scale_by_torch_nadam(b1: float, b2: float, eps: float, momentum_decay: float
   return optax.GradientTransformation(init, update)
 
 
-def direction(o, ends: tuple[str, ...] = ()) -> list[optax.GradientTransformation]:
+def direction(o, ends: tuple[str, ...] = (), head: bool = False) -> list[optax.GradientTransformation]:
   """The optimizer's update direction with learning rate 1 (before the step's rate), from optax's own
   transforms and aliases. ``ends``: the names of the network's first and last blocks, which Muon leaves to its
-  Adam with ``optim.muon_ends='adam'``."""
+  Adam with ``optim.muon_ends='adam'``; ``head``: the direction of an auxiliary classifier (DGL's), every leaf of
+  which that option sends to Muon's Adam (Muon's authors keep every classifier on AdamW)."""
   if o.name == 'sgd':  # torch.optim.SGD: L2 added to the gradient, then momentum
     return [optax.add_decayed_weights(o.weight_decay), optax.trace(decay=o.momentum, nesterov=o.nesterov)]
   if o.name == 'adamw' and o.get('momentum_decay', 0.0) > 0:  # PyTorch's NAdam, decoupled weight decay (AdamW's)
@@ -132,9 +140,12 @@ def direction(o, ends: tuple[str, ...] = ()) -> list[optax.GradientTransformatio
     if ends_to_adam and not ends:  # a caller's slip, not a user's: never the default split in its place
       raise ValueError("optim.muon_ends='adam' needs the network's first and last block names (ends=...)")
     adam_blocks = frozenset(ends if ends_to_adam else ())
+    dims = functools.partial(muon_dimensions, adam_blocks=adam_blocks)
+    if head and ends_to_adam:
+      dims = lambda params: jax.tree.map(lambda _: None, params)
     tx = contrib.muon(1.0, ns_steps=o.ns_steps, beta=o.muon_beta, eps=o.eps, weight_decay=o.weight_decay,
                       nesterov=o.nesterov, adam_b1=o.b1, adam_b2=o.b2, adam_weight_decay=o.weight_decay,
-                      muon_weight_dimension_numbers=functools.partial(muon_dimensions, adam_blocks=adam_blocks))
+                      muon_weight_dimension_numbers=dims)
   else:
     raise ValueError(f'unknown optimizer {o.name!r}; one of {", ".join(OPTIMIZERS)}')
   return [tx, optax.scale(-1.0)]  # the alias ends with -lr = -1: the step's rate adds the sign again
@@ -194,14 +205,18 @@ def describe(o) -> str:
 
 def make_optimizer(optim_config, ends: tuple[str, ...] = ()) -> Optimizer:
   """``optim_config.name``'s optimizer; the step's learning rate is an argument of ``update``. ``ends``: the
-  network's first and last block names (see ``direction``)."""
-  tx = optax.chain(*direction(optim_config, ends), scale_by_step_learning_rate())
+  network's first and last block names (see ``direction``). Its ``for_head`` trains auxiliary classifiers."""
+  def build(head: bool) -> Optimizer:
+    tx = optax.chain(*direction(optim_config, ends, head), scale_by_step_learning_rate())
 
-  def update(grads, opt_state, params, lr):
-    updates, opt_state = tx.update(grads, opt_state, params, learning_rate=jnp.asarray(lr, jnp.float32))
-    return optax.apply_updates(params, updates), opt_state
+    def update(grads, opt_state, params, lr):
+      updates, opt_state = tx.update(grads, opt_state, params, learning_rate=jnp.asarray(lr, jnp.float32))
+      return optax.apply_updates(params, updates), opt_state
 
-  return Optimizer(tx.init, update)
+    return Optimizer(tx.init, update)
+
+  heads_apart = optim_config.name == 'muon' and optim_config.get('muon_ends', 'muon') == 'adam'
+  return build(False)._replace(head=build(True) if heads_apart else None)
 
 
 def make_schedule(optim_config, steps_per_epoch: int) -> Callable[[jax.Array], jax.Array]:

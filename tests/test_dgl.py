@@ -23,15 +23,16 @@ def dgl_config(k, steps=3, **kw):
       'pipeline.num_stages': k, 'optim.learning_rate': 0.005, **kw})
 
 
-def reference_dgl(config, steps, send_after_update=False):
+def reference_dgl(config, steps, send_after_update=False, tx=None, head_tx=None):
   """DGL from the SPEC: at iteration t stage k trains on micro-batch t-k, whose input is the output
   stage k-1 produced for it at iteration t-1. A non-last stage runs its blocks and then its auxiliary
   head (initialised from fold_in(key(seed), 1000 + k)), takes one SGD step of both on the head's
   cross-entropy, and sends up the output of that forward (``send_after_update``: a forward with the
   updated parameters instead, to show the test can tell). The last stage is plain SGD on its input.
+  ``tx`` and ``head_tx``: optax optimizers (learning rate inside) for the stages and the heads instead of SGD.
   Returns the model's variables and each head's (params, batch_stats)."""
   K = config.pipeline.num_stages
-  ref = SequentialStages(config)
+  ref = SequentialStages(config, tx)
   head = ref.model.aux_head or AuxHead(ref.ds.num_classes)  # the model's own (a transformer's), else the ADL code's
   heads, momenta = [], []
   x = jnp.zeros((1, *ref.ds.image_shape))
@@ -39,7 +40,7 @@ def reference_dgl(config, steps, send_after_update=False):
     x = ref.run(k, ref.params[k], x, ref.stats[k])[0]
     v = jax.jit(functools.partial(head.init, train=False))(jax.random.fold_in(jax.random.key(config.seed), 1000 + k), x)
     heads.append([v['params'], v.get('batch_stats', {})])
-    momenta.append(jax.tree.map(jnp.zeros_like, v['params']))
+    momenta.append(jax.tree.map(jnp.zeros_like, v['params']) if head_tx is None else head_tx.init(v['params']))
   inputs, labels = [{} for _ in range(K)], {}
   head_forward = jax.jit(lambda hp, hs, y: head.apply({'params': hp, 'batch_stats': hs}, y, train=True,
                                                       mutable=['batch_stats']))  # jitted for speed only
@@ -66,7 +67,11 @@ def reference_dgl(config, steps, send_after_update=False):
       (gp, gh), (y, stats, heads[k][1]) = jax.grad(local_loss, (0, 1), has_aux=True)(
           ref.params[k], heads[k][0])
       ref.sgd(k, gp, lr)
-      heads[k][0], momenta[k] = sgd_step(heads[k][0], momenta[k], gh, lr)  # the stage's SGD, as ref.sgd
+      if head_tx is None:
+        heads[k][0], momenta[k] = sgd_step(heads[k][0], momenta[k], gh, lr)  # the stage's SGD, as ref.sgd
+      else:
+        updates, momenta[k] = head_tx.update(gh, momenta[k], heads[k][0])
+        heads[k][0] = optax.apply_updates(heads[k][0], updates)
       if send_after_update:
         y = ref.run(k, ref.params[k], inputs[k][m], ref.stats[k])[0]
       ref.stats[k] = stats
