@@ -132,7 +132,8 @@ def test_nothing_found_lists_every_attempt_and_the_fix(tmp_path, monkeypatch):
     load_dataset(data_config(source='auto', idx_dir=str(tmp_path)), 'fashion_mnist')
 
 
-def test_tfds_source_through_its_data_source_api(monkeypatch):
+def test_tfds_source_through_its_data_source_api(monkeypatch, caplog):
+  """Read through tfds' random-access API; a download is announced first (offline, tfds retries for minutes)."""
   fake = types.ModuleType('tensorflow_datasets')
   rng = np.random.default_rng(0)
   splits = {s: [{'image': rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), 'label': i % 10}
@@ -140,6 +141,11 @@ def test_tfds_source_through_its_data_source_api(monkeypatch):
   prepared = []
 
   class Builder:
+    data_dir = '/nowhere/cifar10'
+
+    def is_prepared(self):
+      return bool(prepared)
+
     def download_and_prepare(self):
       prepared.append(True)
 
@@ -147,9 +153,17 @@ def test_tfds_source_through_its_data_source_api(monkeypatch):
       return splits[split]
   fake.builder = lambda name, data_dir=None: Builder()
   monkeypatch.setitem(sys.modules, 'tensorflow_datasets', fake)
-  ds = load_dataset(data_config(source='tfds', tfds_download=True), 'cifar10')
+  with caplog.at_level('INFO'):
+    ds = load_dataset(data_config(source='tfds', tfds_download=True), 'cifar10')
   assert prepared and ds.source == 'tfds' and ds.x_train.shape == (8, 32, 32, 3)
   assert ds.y_test.tolist() == [0, 1, 2, 3]
+  announced = [r.getMessage() for r in caplog.records if 'downloading' in r.getMessage()]
+  assert len(announced) == 1 and 'not prepared in /nowhere/cifar10' in announced[0], announced
+  assert '--config.data.path=FILE.npz' in announced[0]
+  caplog.clear()
+  with caplog.at_level('INFO'):
+    load_dataset(data_config(source='tfds', tfds_download=True), 'cifar10')  # prepared now: nothing announced
+  assert not [r for r in caplog.records if 'downloading' in r.getMessage()]
 
 
 def test_train_order_is_a_reproducible_permutation_per_epoch():

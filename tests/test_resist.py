@@ -618,6 +618,8 @@ def test_resist_starts_from_the_warm_ups_averaged_statistics_between_statistics_
   ResIST starts from their mean over the workers (one network), not from worker 0's."""
   config = replica_config('resist', workers=2, steps=8, **{'replica.warmup_steps': 2, 'replica.stats_every_steps': 8})
   method, state = initial_state(config)
+  from jaxdecouple.replica.accounting import describe
+  assert "the shared layers' running statistics averaged every 4 rounds" in describe(method.engine, state)[0]
   warm = method.warm
   stats = noisy(state.batch_stats, 5)
   state = state._replace(batch_stats=warm.put_workers(stats))

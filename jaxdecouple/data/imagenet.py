@@ -173,7 +173,8 @@ def load_imagenet_v2(variants: list[str], folder: str, data_dir: str, num_classe
       path = os.path.join(folder, subfolder)
       if not os.path.isdir(path):
         raise DataError(f'ImageNet-V2 {v}: {path} does not exist (data.imagenet_v2_dir must hold the extracted '
-                        f'{subfolder} folder; or leave data.imagenet_v2_dir empty to use tensorflow-datasets)')
+                        f'{subfolder} folder; or leave data.imagenet_v2_dir empty to use tensorflow-datasets; '
+                        "or --config.data.imagenet_v2='' to evaluate without ImageNet-V2)")
       _, paths, labels = scan_folder(path, [str(i) for i in range(num_classes)])
       out[prefix] = _files_from(path, paths, labels, num_classes)
     else:
@@ -181,7 +182,8 @@ def load_imagenet_v2(variants: list[str], folder: str, data_dir: str, num_classe
       builder = tfds.builder(f'imagenet_v2/{config}', data_dir=data_dir or None)
       if not builder.is_prepared():
         raise DataError(f'ImageNet-V2 {v}: imagenet_v2/{config} is not prepared in {builder.data_dir}; set '
-                        'data.imagenet_v2_dir to the folder holding the extracted test sets')
+                        "data.imagenet_v2_dir to the folder holding the extracted test sets, or "
+                        "--config.data.imagenet_v2='' to evaluate without ImageNet-V2")
       out[prefix] = _tfds_files(builder, 'test', num_classes)
   return out
 

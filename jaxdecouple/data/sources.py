@@ -12,6 +12,7 @@ import os
 import struct
 import zipfile
 
+from absl import logging
 import numpy as np
 
 from jaxdecouple.data.datasets import ADL_CIFAR10_STD, DATASETS, STREAMED, Dataset
@@ -133,6 +134,10 @@ def load_tfds(name: str, data_dir: str | None, download: bool) -> tuple[np.ndarr
   tfds_name = DATASETS[name].tfds_name
   builder = tfds.builder(tfds_name, data_dir=data_dir or None)
   if download:
+    if not builder.is_prepared():  # tfds retries an unreachable server for minutes: say what is under way
+      logging.info('tensorflow-datasets: %s is not prepared in %s; downloading and preparing it (needs internet; '
+                   'offline: --config.data.path=FILE.npz, or --config.data.tfds_data_dir=DIR with it prepared there)',
+                   tfds_name, builder.data_dir)
     builder.download_and_prepare()
   arrays = []
   for split in ('train', 'test'):

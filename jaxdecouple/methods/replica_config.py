@@ -41,7 +41,7 @@ def validate(config, name: str, partition: bool, average: bool) -> None:
          f'got {r.warmup_steps}')
   if r.warmup_steps and config.max_steps and r.warmup_steps >= config.max_steps:
     fail('replica.warmup_steps', f'{r.warmup_steps} is not shorter than the run (max_steps {config.max_steps}): '
-         'ResIST would never start')
+         'ResIST would never start; run longer or set --config.replica.warmup_steps=0 (no warm-up)')
   if r.stats_every_steps < 0 or (r.local_steps >= 1 and r.stats_every_steps % r.local_steps):
     fail('replica.stats_every_steps', f'must be 0 (every round) or a multiple of replica.local_steps '
          f'({r.local_steps}), got {r.stats_every_steps}')

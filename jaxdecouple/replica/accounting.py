@@ -54,7 +54,9 @@ def describe(engine: Replica, state: ReplicaState) -> list[str]:
   devices = engine.mesh.devices.size
   lines = [f'{s.num_workers} workers on {devices} device{"s" if devices > 1 else ""} ({engine.per_device} per device), '
            f'{s.local_steps} local iterations per round, batch {s.batch_size} per worker, '
-           f'momentum {s.momentum}, BatchNorm {s.batch_norm} statistics']
+           f'momentum {s.momentum}, BatchNorm {s.batch_norm} statistics'
+           + (f' (the shared layers\' running statistics averaged every {s.stats_every} rounds)' if s.stats_every > 1
+              else '')]
   if s.average and (s.outer_lr != 1 or s.outer_momentum):
     lines.append(f'  outer step (DiLoCo) at the end of each round: lr {s.outer_lr}, momentum {s.outer_momentum}'
                  f'{" (Nesterov)" if s.outer_nesterov and s.outer_momentum else ""}')
