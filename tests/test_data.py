@@ -166,6 +166,23 @@ def test_tfds_source_through_its_data_source_api(monkeypatch, caplog):
   assert not [r for r in caplog.records if 'downloading' in r.getMessage()]
 
 
+def test_a_file_holding_too_few_classes_is_named_in_a_warning(tmp_path, caplog):
+  """A CIFAR-10 file given to a CIFAR-100 config holds labels in range: it trains, but the log says that only 10
+  of the 100 classes are there; a file holding every class says nothing."""
+  rng = np.random.default_rng(0)
+  images = lambda n: rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+  ten, hundred = tmp_path / 'ten.npz', tmp_path / 'hundred.npz'
+  np.savez(ten, x_train=images(1000), y_train=np.arange(1000) % 10, x_test=images(20), y_test=np.arange(20) % 10)
+  np.savez(hundred, x_train=images(1000), y_train=np.arange(1000) % 100, x_test=images(20), y_test=np.arange(20))
+  with caplog.at_level('WARNING'):
+    load_dataset(data_config(source='npz', path=str(hundred)), 'cifar100')
+  assert not [r for r in caplog.records if 'classes' in r.getMessage()]
+  with caplog.at_level('WARNING'):
+    ds = load_dataset(data_config(source='npz', path=str(ten)), 'cifar100')
+  warned = [r.getMessage() for r in caplog.records if 'classes' in r.getMessage()]
+  assert ds.num_classes == 100 and len(warned) == 1 and 'holds 10 of cifar100\'s 100 classes (labels 0..9)' in warned[0]
+
+
 def test_train_order_is_a_reproducible_permutation_per_epoch():
   order = TrainOrder(100, 10, seed=3)
   again = TrainOrder(100, 10, seed=3)

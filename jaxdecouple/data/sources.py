@@ -41,6 +41,11 @@ def _check_arrays(name: str, where: str, x_train, y_train, x_test, y_test) -> tu
     if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= classes:
       raise DataError(f'{where}: y_{split} must hold integer labels in 0..{classes - 1}, '
                       f'found range {y.min()}..{y.max()} ({y.dtype})')
+    present = len(np.unique(y))
+    if split == 'train' and present < classes and len(y) >= 10 * classes:  # enough images that all should appear
+      logging.warning('%s: y_train holds %d of %s\'s %d classes (labels %d..%d): is this file %s? (a CIFAR-10 file '
+                      'given to a CIFAR-100 config trains on 10 of its 100 classes)', where, present, name, classes,
+                      y.min(), y.max(), name)
     out += [np.ascontiguousarray(x), y.astype(np.int32)]
   return tuple(out)
 
