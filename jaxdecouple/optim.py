@@ -37,13 +37,13 @@ class Optimizer(NamedTuple):
   """
   init: Callable[[Any], Any]
   update: Callable[..., tuple[Any, Any]]
-  head: Any = None  # a local auxiliary classifier's optimizer (DGL's heads; None: this one), see for_head
+  aux_head: 'Optimizer | None' = None  # a local auxiliary classifier's optimizer (DGL's; None: this one)
 
   @property
-  def for_head(self) -> 'Optimizer':
+  def for_aux_head(self) -> 'Optimizer':
     """The optimizer of a stage's auxiliary classifier (DGL): this one, except with ``optim.muon_ends='adam'``,
     where a head is a classifier, an end of the network it trains, and goes wholly to Muon's Adam."""
-    return self.head if self.head is not None else self
+    return self.aux_head if self.aux_head is not None else self
 
 
 def scale_by_step_learning_rate() -> optax.GradientTransformationExtraArgs:
@@ -119,10 +119,10 @@ def scale_by_torch_nadam(b1: float, b2: float, eps: float, momentum_decay: float
   return optax.GradientTransformation(init, update)
 
 
-def direction(o, ends: tuple[str, ...] = (), head: bool = False) -> list[optax.GradientTransformation]:
+def direction(o, ends: tuple[str, ...] = (), aux_head: bool = False) -> list[optax.GradientTransformation]:
   """The optimizer's update direction with learning rate 1 (before the step's rate), from optax's own
   transforms and aliases. ``ends``: the names of the network's first and last blocks, which Muon leaves to its
-  Adam with ``optim.muon_ends='adam'``; ``head``: the direction of an auxiliary classifier (DGL's), every leaf of
+  Adam with ``optim.muon_ends='adam'``; ``aux_head``: the direction of an auxiliary classifier (DGL's), every leaf of
   which that option sends to Muon's Adam (Muon's authors keep every classifier on AdamW)."""
   if o.name == 'sgd':  # torch.optim.SGD: L2 added to the gradient, then momentum
     return [optax.add_decayed_weights(o.weight_decay), optax.trace(decay=o.momentum, nesterov=o.nesterov)]
@@ -141,7 +141,7 @@ def direction(o, ends: tuple[str, ...] = (), head: bool = False) -> list[optax.G
       raise ValueError("optim.muon_ends='adam' needs the network's first and last block names (ends=...)")
     adam_blocks = frozenset(ends if ends_to_adam else ())
     dims = functools.partial(muon_dimensions, adam_blocks=adam_blocks)
-    if head and ends_to_adam:
+    if aux_head and ends_to_adam:
       dims = lambda params: jax.tree.map(lambda _: None, params)
     tx = contrib.muon(1.0, ns_steps=o.ns_steps, beta=o.muon_beta, eps=o.eps, weight_decay=o.weight_decay,
                       nesterov=o.nesterov, adam_b1=o.b1, adam_b2=o.b2, adam_weight_decay=o.weight_decay,
@@ -205,9 +205,9 @@ def describe(o) -> str:
 
 def make_optimizer(optim_config, ends: tuple[str, ...] = ()) -> Optimizer:
   """``optim_config.name``'s optimizer; the step's learning rate is an argument of ``update``. ``ends``: the
-  network's first and last block names (see ``direction``). Its ``for_head`` trains auxiliary classifiers."""
-  def build(head: bool) -> Optimizer:
-    tx = optax.chain(*direction(optim_config, ends, head), scale_by_step_learning_rate())
+  network's first and last block names (see ``direction``). Its ``for_aux_head`` trains auxiliary classifiers."""
+  def build(aux_head: bool) -> Optimizer:
+    tx = optax.chain(*direction(optim_config, ends, aux_head), scale_by_step_learning_rate())
 
     def update(grads, opt_state, params, lr):
       updates, opt_state = tx.update(grads, opt_state, params, learning_rate=jnp.asarray(lr, jnp.float32))
@@ -216,7 +216,7 @@ def make_optimizer(optim_config, ends: tuple[str, ...] = ()) -> Optimizer:
     return Optimizer(tx.init, update)
 
   heads_apart = optim_config.name == 'muon' and optim_config.get('muon_ends', 'muon') == 'adam'
-  return build(False)._replace(head=build(True) if heads_apart else None)
+  return build(False)._replace(aux_head=build(True) if heads_apart else None)
 
 
 def make_schedule(optim_config, steps_per_epoch: int) -> Callable[[jax.Array], jax.Array]:

@@ -216,9 +216,11 @@ class Loop:
   def start(self) -> tuple[Any, int, tuple[float, int]]:
     """The initial state, or the latest checkpoint's: (state, its step, the interrupted epoch's clock)."""
     c, ds, method = self.config, self.dataset, self.method
-    logging.info('%s on %s (%s, %d train / %d test images) with %s; %d step%s of batch %d (%d per epoch); devices: %s',
+    logging.info('%s on %s (%s, %d train / %d test images) with %s; %d step%s of batch %d (%d per epoch); '
+                 'devices: %s',
                  c.method, c.dataset, ds.source, len(ds.x_train), len(ds.x_test), c.model, self.total_steps,
-                 '' if self.total_steps == 1 else 's', c.batch_size, self.spe, ', '.join(str(d) for d in self.setup.devices))
+                 '' if self.total_steps == 1 else 's', c.batch_size, self.spe,
+                 ', '.join(str(d) for d in self.setup.devices))
     if ds.streamed:
       logging.info('streaming %s: %d classes, %d-pixel crops decoded by %d processes, %d batches ahead; train %s, '
                    'test %s%s', c.dataset, ds.num_classes, c.data.image_size, c.data.workers or os.cpu_count() or 1,

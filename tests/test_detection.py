@@ -187,6 +187,22 @@ def test_fdg_trains_and_resumes_a_detector_as_its_sequential_reference(workdir):
   assert result.step == 4 and not [f for f in os.listdir(os.path.join(workdir, 'checkpoints')) if 'damaged' in f]
   assert_trees_close(result.variables['params'], reference_fdg(config, 4)['params'], tol=5e-4)
 
+def test_the_cpu_detection_config_is_the_studys_recipe_for_each_method_and_refuses_others():
+  """configs/shapes_detection.py: METHOD,S builds the cpu_shapes_detection study's run config; bp alone."""
+  import importlib.util
+  from jaxdecouple.study.definitions.cpu_shapes_detection import build
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'shapes_detection.py')
+  spec = importlib.util.spec_from_file_location('shapes_detection', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for arg, method, workers in (('resist,2', 'resist', 2), ('localsgd,4', 'localsgd', 4), ('bp', 'bp', 1)):
+    c = module.get_config(arg)
+    validate(c)
+    assert c.to_dict() == build(method, workers)().to_dict() and (c.dataset, c.model) == ('shapes', 'yolo_postact_tiny')
+  for bad in ('sgd,2', 'resist', 'resist,0', 'bp,2', 'localsgd,four'):
+    with pytest.raises(ValueError, match='shapes_detection.py'):
+      module.get_config(bad)
+
 
 # --- bad input ----------------------------------------------------------------------------------------
 

@@ -34,13 +34,13 @@ def reference_dgl(config, steps, send_after_update=False, tx=None, head_tx=None)
   K = config.pipeline.num_stages
   ref = SequentialStages(config, tx)
   head = ref.model.aux_head or AuxHead(ref.ds.num_classes)  # the model's own (a transformer's), else the ADL code's
-  heads, momenta = [], []
+  heads, head_states = [], []
   x = jnp.zeros((1, *ref.ds.image_shape))
   for k in range(K - 1):
     x = ref.run(k, ref.params[k], x, ref.stats[k])[0]
     v = jax.jit(functools.partial(head.init, train=False))(jax.random.fold_in(jax.random.key(config.seed), 1000 + k), x)
     heads.append([v['params'], v.get('batch_stats', {})])
-    momenta.append(jax.tree.map(jnp.zeros_like, v['params']) if head_tx is None else head_tx.init(v['params']))
+    head_states.append(jax.tree.map(jnp.zeros_like, v['params']) if head_tx is None else head_tx.init(v['params']))
   inputs, labels = [{} for _ in range(K)], {}
   head_forward = jax.jit(lambda hp, hs, y: head.apply({'params': hp, 'batch_stats': hs}, y, train=True,
                                                       mutable=['batch_stats']))  # jitted for speed only
@@ -68,9 +68,9 @@ def reference_dgl(config, steps, send_after_update=False, tx=None, head_tx=None)
           ref.params[k], heads[k][0])
       ref.sgd(k, gp, lr)
       if head_tx is None:
-        heads[k][0], momenta[k] = sgd_step(heads[k][0], momenta[k], gh, lr)  # the stage's SGD, as ref.sgd
+        heads[k][0], head_states[k] = sgd_step(heads[k][0], head_states[k], gh, lr)  # the stage's SGD, as ref.sgd
       else:
-        updates, momenta[k] = head_tx.update(gh, momenta[k], heads[k][0])
+        updates, head_states[k] = head_tx.update(gh, head_states[k], heads[k][0])
         heads[k][0] = optax.apply_updates(heads[k][0], updates)
       if send_after_update:
         y = ref.run(k, ref.params[k], inputs[k][m], ref.stats[k])[0]

@@ -612,14 +612,21 @@ def test_batch_statistics_average_only_every_period():
   assert engine.last_traffic.all_reduce == f32(params) + f32(stats) and f32(stats) > 0
 
 
+def test_the_start_up_line_names_the_statistics_averaging_period_when_it_is_not_every_round():
+  from jaxdecouple.replica.accounting import describe
+  for every, said in ((8, "the shared layers' running statistics averaged every 4 rounds"), (0, None)):
+    method, state = initial_state(replica_config('resist', workers=2, steps=8,
+                                                 **{'replica.stats_every_steps': every}))
+    line = describe(method.engine, state)[0]
+    assert (said in line) if said else 'averaged every' not in line, line
+
+
 def test_resist_starts_from_the_warm_ups_averaged_statistics_between_statistics_rounds():
   """A local-SGD warm-up whose last round is not a statistics round (replica.stats_every_steps longer than the
   warm-up, as in the ImageNet configs: 1300 rounds against 500) leaves each worker its own BatchNorm statistics;
   ResIST starts from their mean over the workers (one network), not from worker 0's."""
   config = replica_config('resist', workers=2, steps=8, **{'replica.warmup_steps': 2, 'replica.stats_every_steps': 8})
   method, state = initial_state(config)
-  from jaxdecouple.replica.accounting import describe
-  assert "the shared layers' running statistics averaged every 4 rounds" in describe(method.engine, state)[0]
   warm = method.warm
   stats = noisy(state.batch_stats, 5)
   state = state._replace(batch_stats=warm.put_workers(stats))

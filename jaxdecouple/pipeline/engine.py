@@ -76,7 +76,8 @@ class Pipeline:
       aux = ()
       if stage.head is not None:  # its own key: the model's initial parameters stay the same
         head = stage.head.init(jax.random.fold_in(rng, 1000 + k), jnp.zeros((1, *y.shape[1:]), y.dtype), train=False)
-        aux = AuxHeadState(head['params'], head.get('batch_stats', {}), self.optimizer.for_head.init(head['params']))
+        aux = AuxHeadState(head['params'], head.get('batch_stats', {}),
+                           self.optimizer.for_aux_head.init(head['params']))
       accum = zeros(params) if self.schedule.accumulates(k) else ()
       corrector = stage.corrector.init(params) if stage.corrector is not None else ()
       if len(stage.where.devices) == 1:

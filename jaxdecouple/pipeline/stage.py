@@ -133,7 +133,7 @@ class Stage:
     params, opt_state, accum, _ = self._update(grads[0], params, opt_state, accum, step, apply)
     if self.source == 'local':
       head_stats, metrics = extra
-      head_params, head_opt = self.optimizer.for_head.update(grads[1], aux.opt_state, aux.params, self.lr(step))
+      head_params, head_opt = self.optimizer.for_aux_head.update(grads[1], aux.opt_state, aux.params, self.lr(step))
       return params, opt_state, accum, stats, AuxHeadState(head_params, head_stats, head_opt), y, None, metrics
     input_grad = grads[1] if self.sends_gradient else None
     return params, opt_state, accum, stats, aux, None, input_grad, {**extra, 'learning_rate': self.lr(step)}
