@@ -381,8 +381,9 @@ class Checkpointer:
       why = (f'{len(differ)} of its {len(saved)} arrays have other shapes, the first (array {i}) '
              f'{s} where this config makes {tuple(x.shape)}')
     raise CheckpointError(
-        f'the checkpoint at step {step} in {self.directory} was written by a different config ({why}); '
-        'resume with the config it was made with, or use another --workdir')
+        f'the checkpoint at step {step} in {self.directory} was written by a different config, or by a version of '
+        f'jaxdecouple that keeps another state for it ({why}); resume with the config and version it was made '
+        'with, or use another --workdir')
 
   def wait(self) -> None:
     with self._writing(self._pending):
